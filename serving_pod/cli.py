@@ -1,0 +1,202 @@
+"""``ferry-server``: tritonserver's command line, with the same flag names and defaults.
+
+``ferry-server download <uri> <dest>`` is the storage initializer (used as the init container of
+serving pods). Unknown or malformed flags print a clear error and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+
+from serving_pod.core.engine import EngineOptions
+from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "on", "yes"):
+        return True
+    if lowered in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true or false)")
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port '{value}'") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
+    return port
+
+
+def _non_negative(kind: type):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value '{value}'") from None
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"value must be >= 0, got {value}")
+        return number
+
+    return parse
+
+
+def _backend_config(value: str) -> tuple[str, str, str]:
+    """``<backend>,<key>=<value>`` or a global ``<key>=<value>`` (Triton's form)."""
+    backend, _, setting = value.partition(",") if "," in value else ("", "", value)
+    key, sep, val = setting.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"invalid --backend-config '{value}': expected <backend>,<setting>=<value>"
+        )
+    return backend, key, val
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ferry-server",
+        description="Triton-compatible inference server (KServe V2 over HTTP and gRPC).",
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--model-repository", "--model-store", action="append", default=[], dest="model_repository",
+        help="model repository path or URI (repeatable); default: the embedded example repository")
+    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    add("--load-model", action="append", default=[], help="model to load at start in explicit mode ('*' = all)")
+    add("--repository-poll-secs", type=_non_negative(float), default=15.0)
+    add("--strict-readiness", type=_bool, default=True)
+    add("--exit-timeout-secs", type=_non_negative(float), default=30.0)
+    add("--exit-on-error", type=_bool, default=True,
+        help="exit when a model fails to load at start (as tritonserver)")
+    add("--id", default="triton", help="server identifier reported in server metadata")
+    add("--allow-http", type=_bool, default=True)
+    add("--allow-grpc", type=_bool, default=True)
+    add("--allow-metrics", type=_bool, default=True)
+    add("--allow-gpu-metrics", type=_bool, default=True)
+    add("--allow-cpu-metrics", type=_bool, default=True)
+    add("--http-address", default="0.0.0.0")
+    add("--grpc-address", default="0.0.0.0")
+    add("--metrics-address", default="0.0.0.0")
+    add("--http-port", type=_port, default=8000)
+    add("--grpc-port", type=_port, default=8001)
+    add("--metrics-port", type=_port, default=8002)
+    add("--http-max-input-size", type=_non_negative(int), default=DEFAULT_MAX_INPUT_SIZE)
+    add("--disable-auto-complete-config", action="store_true")
+    add("--strict-model-config", type=_bool, default=None,
+        help="deprecated tritonserver flag: true is --disable-auto-complete-config")
+    add("--backend-config", action="append", default=[], type=_backend_config)
+    add("--log-verbose", type=_non_negative(int), default=0)
+    add("--log-info", type=_bool, default=True)
+    add("--log-warning", type=_bool, default=True)
+    add("--log-error", type=_bool, default=True)
+    add("--log-format", choices=["default", "ISO8601"], default="default")
+    return parser
+
+
+def default_repository() -> str:
+    """The embedded example model repository shipped inside the package."""
+    return str(Path(str(resources.files("serving_pod") / "default_models")))
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    backend_config: dict[str, dict[str, str]] = {}
+    for backend, key, value in args.backend_config:
+        backend_config.setdefault(backend, {})[key] = value
+    autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
+    engine = EngineOptions(
+        model_repositories=tuple(args.model_repository or [default_repository()]),
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+        exit_timeout_secs=args.exit_timeout_secs,
+        autocomplete=autocomplete,
+        backend_config=backend_config,
+        server_id=args.id,
+    )
+    return ServerOptions(
+        engine=engine,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        metrics_address=args.metrics_address,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        http_max_input_size=args.http_max_input_size,
+        log_verbose=args.log_verbose,
+        log_format=args.log_format,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+    )
+
+
+def configure_logging(options: ServerOptions) -> None:
+    level = logging.DEBUG if options.log_verbose else logging.INFO
+    if not options.log_info:
+        level = logging.WARNING if options.log_warning else logging.ERROR
+    fmt = (
+        "%(asctime)s.%(msecs)03dZ %(levelname).1s %(name)s] %(message)s"
+        if options.log_format == "ISO8601"
+        else "%(levelname).1s%(asctime)s %(name)s] %(message)s"
+    )
+    datefmt = "%Y-%m-%dT%H:%M:%S" if options.log_format == "ISO8601" else "%m%d %H:%M:%S"
+    logging.basicConfig(level=level, format=fmt, datefmt=datefmt, stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "download":
+        from serving_pod.storage.cli import main as download_main
+
+        return download_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    options = options_from_args(args)
+    configure_logging(options)
+    return run(options, exit_on_error=args.exit_on_error)
+
+
+def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
+    from serving_pod.server import FerryServer
+
+    async def serve() -> int:
+        server = FerryServer(options)
+        try:
+            await server.start()
+        except OSError as exc:
+            logging.getLogger("ferry").error("failed to start: %s", exc)
+            return 1
+        if server.engine.startup_failures and exit_on_error and options.engine.model_control_mode != "explicit":
+            logging.getLogger("ferry").error(
+                "exiting: %d model(s) failed to load (use --exit-on-error=false to keep serving the others)",
+                len(server.engine.startup_failures),
+            )
+            await server.stop()
+            return 1
+        await server.wait_for_signal()
+        await server.stop()
+        return 0
+
+    try:
+        import uvloop
+
+        return uvloop.run(serve())
+    except ImportError:
+        return asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The protocol-neutral engine: every verb the HTTP and gRPC adapters expose, in one place.
+
+Adapters decode -> call ``Engine.<verb>`` -> encode, and map ``ServerError`` through one table, so
+readiness, validation, errors and statistics cannot differ between protocols. The engine owns the
+registry (what is loaded) and the model-control policy (none / poll / explicit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from serving_pod.core.errors import (
+    InvalidArgumentError,
+    ServerError,
+    UnavailableError,
+    UnsupportedError,
+)
+from serving_pod.core.registry import ModelRegistry
+from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.repository.config import config_to_dict
+from serving_pod.repository.repository import ModelRepository, open_root
+
+log = logging.getLogger("ferry.engine")
+
+SERVER_VERSION = "2.51.0"
+#: the extensions this server implements (perf_analyzer needs "statistics").
+EXTENSIONS = [
+    "classification",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Engine settings taken from the command line (tritonserver's names)."""
+
+    model_repositories: tuple[str, ...] = ()
+    model_control_mode: str = "none"  # none | poll | explicit
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    exit_timeout_secs: float = 30.0
+    autocomplete: bool = True
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    server_id: str = "triton"
+
+
+class Engine:
+    """Inference server core shared by every protocol adapter."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.repository = ModelRepository([open_root(p) for p in options.model_repositories])
+        self.registry = ModelRegistry(
+            self.repository,
+            autocomplete=options.autocomplete,
+            backend_config=options.backend_config,
+            engine=self,
+        )
+        self.live = False
+        self.shutting_down = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._poller: asyncio.Task | None = None
+        self.startup_failures: dict[str, str] = {}
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the initial models as the control mode says, then start polling if asked."""
+        self.loop = asyncio.get_running_loop()
+        self._idle.set()
+        self.live = True
+        mode = self.options.model_control_mode
+        if mode in ("none", "poll"):
+            self.startup_failures = await self.registry.poll()
+        else:
+            names = list(self.options.load_models)
+            if "*" in names:
+                names = sorted(self.repository.scan()[0])
+            self.startup_failures = await self.registry.load_many(names)
+        for name, error in self.startup_failures.items():
+            log.error("model '%s' failed to load: %s", name, error)
+        if mode == "poll":
+            self._poller = asyncio.create_task(self._poll_loop())
+
+    async def _poll_loop(self) -> None:
+        while not self.shutting_down:
+            await asyncio.sleep(self.options.repository_poll_secs)
+            try:
+                failures = await self.registry.poll()
+                for name, error in failures.items():
+                    log.error("poll: model '%s' failed to load: %s", name, error)
+            except Exception:  # the poller must survive anything a repository throws
+                log.exception("repository poll failed")
+
+    async def shutdown(self) -> None:
+        """Readiness false, wait for in-flight requests (up to exit-timeout), unload every model."""
+        self.shutting_down = True
+        if self._poller:
+            self._poller.cancel()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.options.exit_timeout_secs)
+        except asyncio.TimeoutError:
+            log.warning("exit timeout: %d requests still in flight", self._inflight)
+        await self.registry.close()
+        self.live = False
+
+    # --- health and metadata -----------------------------------------------------------------
+    def is_live(self) -> bool:
+        return self.live
+
+    def is_ready(self) -> bool:
+        if not self.live or self.shutting_down:
+            return False
+        if not self.options.strict_readiness:
+            return True
+        return not self.startup_failures and self.registry.all_ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.options.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.registry.is_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        model = self.registry.get(name, version)
+        entry = self.registry.entries[name]
+        versions = [m.version_str for m in sorted(entry.ready, key=lambda m: m.version)]
+        return model.metadata(versions)
+
+    def model_config(self, name: str, version: str = ""):
+        """Triton's ModelConfig proto of a ready model version."""
+        return self.registry.get(name, version).config
+
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_dict(self.model_config(name, version))
+
+    # --- inference ---------------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, schedule and run one request; raises ``ServerError``."""
+        if self.shutting_down:
+            raise UnavailableError("Server is shutting down, not accepting new requests")
+        request.arrival_ns = time.monotonic_ns()
+        model = self.registry.get(request.model_name, request.model_version)
+        if model.decoupled and request.responder is None:
+            raise UnsupportedError(
+                f"model '{model.name}' is decoupled: use the gRPC streaming API (ModelStreamInfer)"
+            )
+        try:
+            model.validate(request)
+        except ServerError:
+            model.stats.record_failure(time.monotonic_ns() - request.arrival_ns, "REJECTED")
+            raise
+        request.model_version = model.version_str
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            response = await model.scheduler.submit(request)
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+        if response is not None and request.outputs:
+            wanted = {o.name for o in request.outputs}
+            if len(wanted) != len(response.outputs):
+                response.outputs = [t for t in response.outputs if t.name in wanted]
+        return response
+
+    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Responses of one request as they come (decoupled models send 0..N, others one)."""
+        model = self.registry.get(request.model_name, request.model_version)
+        if not model.decoupled:
+            yield await self.infer(request)
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def responder(item: InferResponse | ServerError | None, final: bool) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (item, final))
+
+        request.responder = responder
+        task = asyncio.create_task(self.infer(request))
+        try:
+            while True:
+                item, final = await queue.get()
+                if isinstance(item, ServerError):
+                    raise item
+                if item is not None:
+                    item.final = final
+                    yield item
+                elif final:
+                    yield InferResponse(request.model_name, model.version_str, [], request.id, final=True)
+                if final:
+                    break
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def infer_from_thread(self, request: InferRequest) -> InferResponse:
+        """Blocking inference from a model instance thread (python BLS)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(self.infer(request), self.loop).result()
+
+    def stream_from_thread(self, request: InferRequest):
+        """Blocking iterator of a decoupled model's responses, from an instance thread (BLS)."""
+        assert self.loop is not None
+        import queue as queue_module
+
+        out: queue_module.Queue = queue_module.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for response in self.stream_infer(request):
+                    out.put(response)
+            except ServerError as exc:
+                out.put(exc)
+            finally:
+                out.put(done)
+
+        asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        while True:
+            item = out.get()
+            if item is done:
+                return
+            if isinstance(item, ServerError):
+                raise item
+            yield item
+
+    # --- statistics --------------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """``model_stats`` entries: every ready version, one model, or one version."""
+        if not name:
+            if version:
+                raise InvalidArgumentError("a model name is required when a version is given")
+            models = self.registry.ready_models()
+        elif version:
+            models = [self.registry.get(name, version)]
+        else:
+            self.registry.get(name)
+            models = list(self.registry.entries[name].ready)
+        return [model.stats.as_dict() for model in sorted(models, key=lambda m: (m.name, m.version))]
+
+    # --- model repository --------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.registry.index(ready_only)
+
+    async def load_model(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        self._check_explicit("load")
+        if files:
+            from serving_pod.repository.overrides import materialize_override
+
+            directory = materialize_override(name, files)
+            if config is None:
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': a 'config' parameter is required with file overrides"
+                )
+            await self.registry.load(name, config_override=config, model_dir=directory)
+            return
+        await self.registry.load(name, config_override=config)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_explicit("unload")
+        await self.registry.unload(name)
+
+    def _check_explicit(self, verb: str) -> None:
+        if self.options.model_control_mode != "explicit":
+            raise UnavailableError(
+                f"explicit model load / unload is not allowed if polling is enabled"
+                if self.options.model_control_mode == "poll"
+                else f"explicit model {verb} is not allowed when --model-control-mode=none"
+            )

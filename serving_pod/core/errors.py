@@ -1,0 +1,95 @@
+"""The one error root of the engine, and its single mapping to HTTP and gRPC status codes.
+
+Every layer raises a ``ServerError`` subclass; the HTTP and gRPC adapters translate it with
+``http_status`` / ``grpc_code`` from the table below, so the two protocols cannot disagree.
+Messages keep Triton's wording where Triton has one (clients and scripts match on it).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+
+class ServerError(Exception):
+    """Base of every error the engine reports to a client."""
+
+    code: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgumentError(ServerError):
+    code = "INVALID_ARG"
+
+
+class NotFoundError(ServerError):
+    code = "NOT_FOUND"
+
+
+class UnavailableError(ServerError):
+    code = "UNAVAILABLE"
+
+
+class InternalError(ServerError):
+    code = "INTERNAL"
+
+
+class UnsupportedError(ServerError):
+    code = "UNSUPPORTED"
+
+
+class AlreadyExistsError(ServerError):
+    code = "ALREADY_EXISTS"
+
+
+class CancelledError(ServerError):
+    code = "CANCELLED"
+
+
+class ModelLoadError(ServerError):
+    """A model failed to load: bad config, missing files, backend failure."""
+
+    code = "INVALID_ARG"
+
+
+#: code -> (HTTP status, gRPC status code). The only place these numbers live.
+STATUS_TABLE: dict[str, tuple[int, grpc.StatusCode]] = {
+    "INVALID_ARG": (400, grpc.StatusCode.INVALID_ARGUMENT),
+    "NOT_FOUND": (404, grpc.StatusCode.NOT_FOUND),
+    "UNAVAILABLE": (503, grpc.StatusCode.UNAVAILABLE),
+    "INTERNAL": (500, grpc.StatusCode.INTERNAL),
+    "UNSUPPORTED": (501, grpc.StatusCode.UNIMPLEMENTED),
+    "ALREADY_EXISTS": (409, grpc.StatusCode.ALREADY_EXISTS),
+    "CANCELLED": (499, grpc.StatusCode.CANCELLED),
+}
+
+
+def http_status(error: ServerError) -> int:
+    return STATUS_TABLE[error.code][0]
+
+
+def grpc_code(error: ServerError) -> grpc.StatusCode:
+    return STATUS_TABLE[error.code][1]
+
+
+def unknown_model(name: str) -> NotFoundError:
+    return NotFoundError(f"Request for unknown model: '{name}' is not found")
+
+
+def unknown_version(name: str, version: str) -> NotFoundError:
+    return NotFoundError(
+        f"Request for unknown model: '{name}' version {version} is not found"
+    )
+
+
+def model_not_ready(name: str, version: str | None = None) -> UnavailableError:
+    if version:
+        return UnavailableError(f"Request for unknown model: '{name}' version {version} is not ready")
+    return UnavailableError(f"Request for unknown model: '{name}' has no available versions")

@@ -1,0 +1,314 @@
+"""What is loaded: model versions, their states (LOADING/READY/UNLOADING/UNAVAILABLE) and model control.
+
+The registry asks the repository what exists, prepares configs and creates instances on a loader
+thread (the event loop keeps serving), then swaps new versions in atomically. A failed reload keeps
+the previous versions serving. Unloading drains a version's scheduler before finalizing its instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.backends.base import InstanceContext
+from serving_pod.backends.registry import get_backend
+from serving_pod.core.errors import (
+    InvalidArgumentError,
+    ModelLoadError,
+    NotFoundError,
+    ServerError,
+    model_not_ready,
+    unknown_model,
+    unknown_version,
+)
+from serving_pod.core.model import Model
+from serving_pod.core.statistics import ModelStats
+from serving_pod.repository.prepare import prepare_config
+from serving_pod.repository.repository import ModelRepository, ModelSource
+from serving_pod.schedulers.factory import create_scheduler
+from serving_pod.schedulers.instances import InstancePool
+
+log = logging.getLogger("ferry.registry")
+
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
+@dataclass
+class VersionState:
+    version: int
+    state: str
+    reason: str = ""
+    model: Model | None = None
+
+
+@dataclass
+class ModelEntry:
+    """Everything known about one model name."""
+
+    name: str
+    versions: dict[int, VersionState] = field(default_factory=dict)
+    signature: str = ""
+    #: versions currently serving, newest first (the default version is the first).
+    ready: list[Model] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelRegistry:
+    """Loaded models and model control (none / poll / explicit)."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        autocomplete: bool = True,
+        backend_config: dict[str, dict[str, str]] | None = None,
+        engine: Any = None,
+    ) -> None:
+        self.repository = repository
+        self.autocomplete = autocomplete
+        self.backend_config = backend_config or {}
+        self.engine = engine
+        self.entries: dict[str, ModelEntry] = {}
+        self.on_change: list[Callable[[], None]] = []
+
+    # --- look-ups on the request path -------------------------------------------------------
+    def get(self, name: str, version: str = "") -> Model:
+        """The READY model version for a request; Triton's errors otherwise."""
+        entry = self.entries.get(name)
+        if entry is None or not entry.ready:
+            if entry is None or not entry.versions:
+                raise unknown_model(name)
+            raise model_not_ready(name, version or None)
+        if not version:
+            return entry.ready[0]
+        for model in entry.ready:
+            if model.version_str == version:
+                return model
+        if not version.isdigit():
+            raise InvalidArgumentError(f"failed to parse model version '{version}' for '{name}'")
+        raise unknown_version(name, version)
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ServerError:
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        """True when every model that was asked to load has a READY version (strict readiness)."""
+        for entry in self.entries.values():
+            states = [v.state for v in entry.versions.values()]
+            if states and not entry.ready and any(s in (LOADING, UNAVAILABLE) for s in states):
+                if any(v.reason and v.reason != "unloaded" for v in entry.versions.values()):
+                    return False
+                if LOADING in states:
+                    return False
+        return True
+
+    def ready_models(self) -> list[Model]:
+        return [model for entry in self.entries.values() for model in entry.ready]
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Repository index rows: every model in the repository, with its versions' states."""
+        sources, _ = self.repository.scan()
+        rows: list[dict[str, str]] = []
+        names = sorted(set(sources) | set(self.entries))
+        for name in names:
+            entry = self.entries.get(name)
+            if entry is None or not entry.versions:
+                if not ready_only:
+                    rows.append({"name": name})
+                continue
+            for version in sorted(entry.versions):
+                state = entry.versions[version]
+                if ready_only and state.state != READY:
+                    continue
+                rows.append(
+                    {"name": name, "version": str(version), "state": state.state, "reason": state.reason}
+                )
+        return rows
+
+    # --- model control -----------------------------------------------------------------------
+    async def load(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        model_dir: Path | None = None,
+        source: ModelSource | None = None,
+    ) -> None:
+        """Load (or reload) ``name``; raises ModelLoadError and keeps old versions serving on failure."""
+        if model_dir is None:
+            if source is None:
+                sources, duplicates = self.repository.scan()
+                if name in duplicates:
+                    raise ModelLoadError(duplicates[name])
+                source = sources.get(name)
+                if source is None:
+                    raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+            model_dir = source.path
+        entry = self.entries.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            first_load = not entry.ready
+            if first_load:
+                for state in entry.versions.values():
+                    state.state, state.reason = LOADING, ""
+            start = time.monotonic()
+            try:
+                built = await asyncio.to_thread(self._build, name, model_dir, config_override)
+            except Exception as exc:
+                error = exc if isinstance(exc, ServerError) else ModelLoadError(
+                    f"failed to load '{name}': {type(exc).__name__}: {exc}"
+                )
+                log.error("failed to load '%s': %s", name, error)
+                if first_load:
+                    entry.versions = {
+                        v: VersionState(v, UNAVAILABLE, str(error)) for v in entry.versions or {1: None}
+                    }
+                raise error from None
+            duration = time.monotonic() - start
+            models = [self._assemble(config, version, pools, duration) for config, version, pools in built]
+            old = entry.ready
+            entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
+            entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
+            entry.signature = source.signature if source else ""
+            for model in old:
+                entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
+            await self._retire(old)
+            for model in old:
+                if model.version not in {m.version for m in entry.ready}:
+                    entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
+            log.info("loaded '%s' versions %s", name, [m.version for m in entry.ready])
+        self._changed()
+
+    async def unload(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFoundError(f"failed to unload '{name}', no version is available")
+        async with entry.lock:
+            old = entry.ready
+            entry.ready = []
+            for model in old:
+                entry.versions[model.version] = VersionState(model.version, UNLOADING)
+            await self._retire(old)
+            for version in list(entry.versions):
+                entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
+        self._changed()
+
+    async def load_many(self, names: list[str]) -> dict[str, str]:
+        """Load several models concurrently; returns failures by model name (others keep going)."""
+        async def one(name: str) -> tuple[str, str]:
+            try:
+                await self.load(name)
+                return name, ""
+            except ServerError as exc:
+                return name, str(exc)
+
+        results = await asyncio.gather(*(one(n) for n in names))
+        return {name: error for name, error in results if error}
+
+    async def poll(self) -> dict[str, str]:
+        """Poll mode: load new models, reload changed ones, unload removed ones."""
+        sources, duplicates = self.repository.scan()
+        failures: dict[str, str] = dict(duplicates)
+        for name in list(self.entries):
+            entry = self.entries[name]
+            if name not in sources and entry.ready:
+                await self.unload(name)
+        changed = [
+            name for name, source in sources.items()
+            if name not in self.entries or self.entries[name].signature != source.signature
+        ]
+        for name in changed:
+            try:
+                await self.load(name, source=sources[name])
+            except ServerError as exc:
+                failures[name] = str(exc)
+                entry = self.entries.get(name)
+                if entry is not None:
+                    # remember the broken signature so the same broken edit is not retried every poll
+                    entry.signature = sources[name].signature
+        return failures
+
+    async def close(self) -> None:
+        for name in list(self.entries):
+            if self.entries[name].ready:
+                await self.unload(name)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _build(
+        self, name: str, model_dir: Path, config_override: str | None
+    ) -> list[tuple[mc.ModelConfig, int, Any]]:
+        """Loader thread: prepare the config and create every instance of every version."""
+        config, backend_name, versions = prepare_config(
+            name, model_dir, autocomplete=self.autocomplete, override_json=config_override
+        )
+        built = []
+        try:
+            for version in versions:
+                if backend_name == "ensemble":
+                    built.append((config, version, None))
+                    continue
+                backend = get_backend(backend_name)
+                instances, names = [], []
+                for group in config.instance_group:
+                    kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+                    devices = list(group.gpus) or [0]
+                    for device in devices if kind == "KIND_GPU" else [0]:
+                        for index in range(group.count):
+                            instance_name = f"{group.name}_{index}" if kind != "KIND_GPU" else f"{group.name}_{device}_{index}"
+                            context = InstanceContext(
+                                model_name=name,
+                                model_version=str(version),
+                                model_dir=model_dir,
+                                version_dir=model_dir / str(version),
+                                config=config,
+                                name=instance_name,
+                                kind=kind,
+                                device_id=device,
+                                backend_config=self.backend_config.get(backend_name, {}),
+                                engine=self.engine,
+                            )
+                            instances.append(backend.create_instance(context))
+                            names.append(instance_name)
+                built.append((config, version, (instances, names)))
+        except Exception:
+            for _, _, pools in built:
+                if pools:
+                    for instance in pools[0]:
+                        try:
+                            instance.close()
+                        except Exception:
+                            pass
+            raise
+        return built
+
+    def _assemble(self, config: mc.ModelConfig, version: int, pools: Any, duration: float) -> Model:
+        stats = ModelStats(config.name, str(version))
+        stats.load_duration_s = duration
+        model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
+        pool = None
+        if pools is not None:
+            instances, names = pools
+            pool = InstancePool(instances, names, stats, model.batch_size_of)
+        model.pool = pool
+        model.scheduler = create_scheduler(model, pool, engine=self.engine)
+        return model
+
+    async def _retire(self, models: list[Model]) -> None:
+        for model in models:
+            await model.scheduler.drain()
+            if model.pool is not None:
+                await asyncio.to_thread(model.pool.close)
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
+

@@ -1,0 +1,140 @@
+"""Per model-version statistics in Triton's exact shape, and the source of the ``nv_*`` metrics.
+
+Updated only on the engine's event loop thread (schedulers hand results back there), so plain
+integer counters suffice: no locks on the hot path. The statistics extension and the Prometheus
+collector both read these objects, so the two can never disagree.
+
+Triton's invariants (perf_analyzer checks them): every successful request adds one to
+``success``, ``queue`` and each ``compute_*`` count, and is charged its whole batch's compute time;
+``execution_count`` counts executions, ``inference_count`` batch elements.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class Duration:
+    """A count and cumulative nanoseconds (Triton's ``StatisticDuration``)."""
+
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+class BatchStats:
+    __slots__ = ("compute_input", "compute_infer", "compute_output")
+
+    def __init__(self) -> None:
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+
+
+#: Triton's failure reasons (label of ``nv_inference_request_failure``).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+class ModelStats:
+    """Statistics of one model version."""
+
+    __slots__ = (
+        "name", "version", "success", "fail", "queue", "compute_input", "compute_infer",
+        "compute_output", "cache_hit", "cache_miss", "inference_count", "execution_count",
+        "last_inference_ms", "batch_stats", "failures", "pending", "load_duration_s",
+    )
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batch_stats: dict[int, BatchStats] = {}
+        self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        self.pending = 0
+        self.load_duration_s = 0.0
+
+    def record_execution(
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One execution of ``batch_size`` elements by an instance."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        stats = self.batch_stats.get(batch_size)
+        if stats is None:
+            stats = self.batch_stats[batch_size] = BatchStats()
+        stats.compute_input.add(input_ns)
+        stats.compute_infer.add(infer_ns)
+        stats.compute_output.add(output_ns)
+
+    def record_success(
+        self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One successful request, charged its batch's whole compute time."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
+        self.success.add(request_ns)
+        self.queue.add(0)
+        self.cache_hit.add(lookup_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
+        self.fail.add(request_ns)
+        self.failures[reason if reason in self.failures else "OTHER"] += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def as_dict(self) -> dict[str, Any]:
+        """Triton's ``model_stats[]`` entry (HTTP JSON shape; gRPC builds the same fields)."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": stats.compute_input.as_dict(),
+                    "compute_infer": stats.compute_infer.as_dict(),
+                    "compute_output": stats.compute_output.as_dict(),
+                }
+                for size, stats in sorted(self.batch_stats.items())
+            ],
+            "memory_usage": [],
+        }

@@ -1,0 +1,71 @@
+"""Protocol-neutral inference request and response values.
+
+The HTTP and gRPC codecs decode wire messages into these and encode responses out of them;
+schedulers and backends see nothing else. Tensors are numpy arrays; ``datatype`` keeps the
+wire name because some types (BF16, BYTES) are not recoverable from numpy alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor with its wire datatype. ``data.shape`` is the tensor's shape."""
+
+    name: str
+    datatype: str
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (binary_data, classification...)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request as the engine sees it.
+
+    ``model_version`` is "" for the model's default (latest ready) version.
+    ``outputs`` is None when the client did not list outputs (then every output is returned).
+    ``parameters`` carries request parameters verbatim (priority, timeout, sequence_id...).
+    """
+
+    model_name: str
+    model_version: str
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None = None
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    #: monotonic ns at which the request reached the engine; set by the engine.
+    arrival_ns: int = 0
+    #: decoupled models only: ``responder(response_or_error_or_None, final)`` delivers one
+    #: response (or an error, or just the final flag) to the client; callable from any thread.
+    responder: Any = None
+    #: set when the client went away; backends may poll ``cancelled.is_set()``.
+    cancelled: Any = None
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """One inference response. ``final`` is False for non-final decoupled responses."""
+
+    model_name: str
+    model_version: str
+    outputs: list[Tensor]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    final: bool = True

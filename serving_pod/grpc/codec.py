@@ -1,0 +1,134 @@
+"""gRPC codec: ``ModelInferRequest`` <-> ``InferRequest``, ``InferResponse`` -> ``ModelInferResponse``.
+
+Protobuf never leaves ``serving_pod.grpc``. Inputs come from ``raw_input_contents`` (zero-copy views)
+or typed ``contents``; outputs always go out as ``raw_output_contents``, as Triton does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from serving_pod.core import datatypes
+from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+
+_CONTENT_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameters_to_dict(params) -> dict[str, Any]:
+    """``map<string, InferParameter>`` -> plain dict of python values."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        which = value.WhichOneof("parameter_choice")
+        out[key] = getattr(value, which) if which else None
+    return out
+
+
+def dict_to_parameters(values: dict[str, Any], target) -> None:
+    for key, value in values.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            if value >= 2**63:
+                param.uint64_param = value
+            else:
+                param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidArgumentError(
+            f"expected {len(message.inputs)} raw_input_contents (one per input), got {len(raw)}"
+        )
+    inputs: list[Tensor] = []
+    for index, item in enumerate(message.inputs):
+        name, datatype = item.name, item.datatype
+        shape = tuple(item.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
+        params = parameters_to_dict(item.parameters) if item.parameters else {}
+        if raw:
+            data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
+        elif "shared_memory_region" in params:
+            data = np.empty(0, datatypes.numpy_dtype(datatype))
+        elif item.HasField("contents"):
+            data = _from_contents(item, datatype, shape)
+        else:
+            raise InvalidArgumentError(
+                f"input '{name}' has no data: set raw_input_contents or contents"
+            )
+        inputs.append(Tensor(name, datatype, data, params))
+    outputs = None
+    if message.outputs:
+        outputs = [
+            RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {})
+            for o in message.outputs
+        ]
+    return InferRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=message.id,
+        parameters=parameters_to_dict(message.parameters) if message.parameters else {},
+    )
+
+
+def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    field = _CONTENT_FIELDS.get(datatype)
+    if field is None:
+        datatypes.numpy_dtype(datatype)  # unknown datatype -> clear error
+        raise InvalidArgumentError(
+            f"input '{item.name}': datatype {datatype} cannot be sent as typed contents; use raw_input_contents"
+        )
+    values = getattr(item.contents, field)
+    count = datatypes.element_count(shape)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"unexpected number of elements for input '{item.name}': shape {list(shape)} needs "
+            f"{count}, got {len(values)}"
+        )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=np.object_)
+        array[:] = list(values)
+        return array.reshape(shape)
+    return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id,
+    )
+    if response.parameters:
+        dict_to_parameters(response.parameters, message.parameters)
+    raw = message.raw_output_contents
+    for tensor in response.outputs:
+        out = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.data.shape)
+        if tensor.parameters:
+            dict_to_parameters(tensor.parameters, out.parameters)
+        raw.append(datatypes.to_raw(tensor.datatype, tensor.data))
+    return message

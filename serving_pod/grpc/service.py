@@ -1,0 +1,205 @@
+"""The gRPC adapter: Triton's ``inference.GRPCInferenceService`` and ``grpc.health.v1`` over grpc.aio.
+
+Each method decodes -> calls the engine -> encodes; ``ServerError`` maps through the same table as
+HTTP. Triton's protos come from tritonclient (registering a second copy would collide with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from serving_pod.core.engine import Engine
+from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
+from serving_pod.grpc.codec import decode_infer_request, encode_infer_response
+
+log = logging.getLogger("ferry.grpc")
+
+INT32_MAX = 2**31 - 1
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", INT32_MAX),
+    ("grpc.max_receive_message_length", INT32_MAX),
+    ("grpc.so_reuseport", 0),
+]
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
+    await context.abort(grpc_code(error), error.message)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Triton's inference service on top of the engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.engine.is_live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.engine.is_ready())
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.engine.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        meta = self.engine.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    async def ModelMetadata(self, request, context):
+        try:
+            meta = self.engine.model_metadata(request.name, request.version)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    async def ModelConfig(self, request, context):
+        try:
+            config = self.engine.model_config(request.name, request.version)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request, context):
+        try:
+            stats = self.engine.statistics(request.name, request.version)
+        except ServerError as error:
+            await _abort(context, error)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    async def ModelInfer(self, request, context):
+        try:
+            infer_request = decode_infer_request(request)
+            response = await self.engine.infer(infer_request)
+        except ServerError as error:
+            await _abort(context, error)
+        return encode_infer_response(response)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Bidirectional stream: each request's responses are sent as they are produced."""
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+        reader_done = object()
+
+        async def run_one(message: pb.ModelInferRequest) -> None:
+            try:
+                infer_request = decode_infer_request(message)
+                enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
+                async for response in self.engine.stream_infer(infer_request):
+                    decoupled = infer_request.responder is not None
+                    if not response.outputs and response.final and not enable_empty and decoupled:
+                        continue
+                    encoded = encode_infer_response(response)
+                    if decoupled:
+                        encoded.parameters["triton_final_response"].bool_param = response.final
+                    await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
+            except ServerError as error:
+                await queue.put(pb.ModelStreamInferResponse(
+                    error_message=error.message,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=message.model_name, model_version=message.model_version, id=message.id
+                    ),
+                ))
+
+        async def reader() -> None:
+            try:
+                async for message in request_iterator:
+                    task = asyncio.create_task(run_one(message))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                await queue.put(reader_done)
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while True:
+                item = await queue.get()
+                if item is reader_done:
+                    break
+                yield item
+        finally:
+            reader_task.cancel()
+            for task in tasks:
+                task.cancel()
+
+    async def RepositoryIndex(self, request, context):
+        rows = self.engine.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
+        )
+
+    async def RepositoryModelLoad(self, request, context):
+        try:
+            config, files = _load_parameters(request.parameters)
+            await self.engine.load_model(request.model_name, config, files)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        try:
+            dependents = request.parameters["unload_dependents"].bool_param if "unload_dependents" in request.parameters else False
+            await self.engine.unload_model(request.model_name, dependents)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _load_parameters(params) -> tuple[str | None, dict[str, bytes]]:
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        which = value.WhichOneof("parameter_choice")
+        if key == "config":
+            if which != "string_param":
+                raise InvalidArgumentError("load parameter 'config' must be a string")
+            config = value.string_param
+        elif key.startswith("file:"):
+            if which != "bytes_param":
+                raise InvalidArgumentError(f"load parameter '{key}' must be bytes")
+            files[key[5:]] = value.bytes_param
+    return config, files
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """``grpc.health.v1.Health``: SERVING when the server is ready."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Check(self, request, context):
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.engine.is_ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def create_server(engine: Engine, extra_services: list[Any] | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with the inference and health services (ports are added by the caller)."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(engine), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(engine), server)
+    for add in extra_services or []:
+        add(server)
+    return server

@@ -1,0 +1,235 @@
+"""The HTTP adapter: KServe V2 + Triton routes over FastAPI, with a lean ASGI path for ``/infer``.
+
+Every route decodes -> calls the engine -> encodes, and maps ``ServerError`` through
+``core.errors.STATUS_TABLE``. The inference route is served by ``InferEndpoint``, a plain ASGI
+handler placed in front of FastAPI: it skips the framework's routing and validation, which
+dominate per-request cost for small models; every other route is ordinary FastAPI.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Awaitable, Callable
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from serving_pod.core.engine import Engine
+from serving_pod.core.errors import InvalidArgumentError, ServerError, http_status
+from serving_pod.http.codec import decode_infer_request, encode_infer_response
+from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
+
+ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
+
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+def error_body(error: ServerError) -> tuple[int, bytes]:
+    return http_status(error), orjson.dumps({"error": error.message})
+
+
+class InferEndpoint:
+    """ASGI middleware answering ``POST /v2/models/{m}[/versions/{v}]/infer``; passes the rest on."""
+
+    def __init__(self, app: ASGIApp, engine: Engine, max_input_size: int) -> None:
+        self.app = app
+        self.engine = engine
+        self.max_input_size = max_input_size
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
+                return
+        await self.app(scope, receive, send)
+
+    async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
+        header_length: int | None = None
+        encoding = accept = ""
+        content_length = -1
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    await _send(send, *error_body(InvalidArgumentError(
+                        "Inference-Header-Content-Length must be an integer")), [])
+                    return
+            elif key == b"content-encoding":
+                encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept = value.decode("latin-1")
+            elif key == b"content-length":
+                content_length = int(value) if value.isdigit() else -1
+        limit = self.max_input_size
+        try:
+            if content_length > limit:
+                raise size_error(content_length, limit)
+            body = await _read_body(receive, limit)
+            if encoding:
+                body = decode_body(body, encoding, limit)
+            request = decode_infer_request(body, header_length, model, version)
+            response = await self.engine.infer(request)
+            payload, json_length = encode_infer_response(response, request)
+        except ServerError as error:
+            await _send(send, *error_body(error), [])
+            return
+        headers: list[tuple[bytes, bytes]] = []
+        if json_length is not None:
+            headers.append((b"inference-header-content-length", str(json_length).encode()))
+            content_type = b"application/octet-stream"
+        else:
+            content_type = b"application/json"
+        chosen = choose_encoding(accept) if accept else ""
+        if chosen:
+            payload = encode_body(payload, chosen)
+            headers.append((b"content-encoding", chosen.encode()))
+        await _send(send, 200, payload, headers, content_type)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(receive: Callable, limit: int) -> bytes:
+    """The whole request body, refusing anything beyond ``limit`` bytes as it arrives."""
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise size_error(len(body), limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidArgumentError("client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise size_error(size, limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _send(
+    send: Callable,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    content_type: bytes = b"application/json",
+) -> None:
+    headers = headers + [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgumentError("request body must be a JSON object")
+    return data
+
+
+def create_app(engine: Engine, *, max_input_size: int = 64 * 1024 * 1024) -> ASGIApp:
+    """The HTTP application for ``engine``: FastAPI routes behind the lean infer endpoint."""
+    app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ServerError)
+    async def _server_error(_: Request, error: ServerError) -> Response:
+        status, body = error_body(error)
+        return Response(body, status_code=status, media_type="application/json")
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200 if engine.is_live() else 400)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if engine.is_ready() else 400)
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json(engine.server_metadata())
+
+    @app.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return _json({"model_stats": engine.statistics()})
+
+    @app.get("/v2/models/{model}/stats")
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def stats(model: str, version: str = "") -> Response:
+        return _json({"model_stats": engine.statistics(model, version)})
+
+    @app.get("/v2/models/{model}")
+    @app.get("/v2/models/{model}/versions/{version}")
+    async def model_metadata(model: str, version: str = "") -> Response:
+        return _json(engine.model_metadata(model, version))
+
+    @app.get("/v2/models/{model}/ready")
+    @app.get("/v2/models/{model}/versions/{version}/ready")
+    async def model_ready(model: str, version: str = "") -> Response:
+        return Response(status_code=200 if engine.model_ready(model, version) else 400)
+
+    @app.get("/v2/models/{model}/config")
+    @app.get("/v2/models/{model}/versions/{version}/config")
+    async def model_config(model: str, version: str = "") -> Response:
+        return _json(engine.model_config_dict(model, version))
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> Response:
+        body = await _json_body(request)
+        return _json(engine.repository_index(bool(body.get("ready", False))))
+
+    @app.post("/v2/repository/models/{model}/load")
+    async def load(model: str, request: Request) -> Response:
+        params = (await _json_body(request)).get("parameters") or {}
+        config, files = decode_load_parameters(params)
+        await engine.load_model(model, config, files)
+        return Response(status_code=200)
+
+    @app.post("/v2/repository/models/{model}/unload")
+    async def unload(model: str, request: Request) -> Response:
+        params = (await _json_body(request)).get("parameters") or {}
+        await engine.unload_model(model, bool(params.get("unload_dependents", False)))
+        return Response(status_code=200)
+
+    return InferEndpoint(app, engine, max_input_size)
+
+
+def decode_load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
+    """Load parameters: ``config`` (JSON string) and ``file:<path>`` (base64) overrides."""
+    import base64
+    import binascii
+
+    if not isinstance(params, dict):
+        raise InvalidArgumentError("load 'parameters' must be a JSON object")
+    config = params.get("config")
+    if config is not None and not isinstance(config, str):
+        config = orjson.dumps(config).decode()
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if key.startswith("file:"):
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"load parameter '{key}' must be base64 text")
+            try:
+                files[key[5:]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidArgumentError(f"load parameter '{key}' is not valid base64") from None
+    return config, files

@@ -1,0 +1,216 @@
+"""KServe V2 HTTP inference codec: JSON tensors and Triton's binary tensor data extension, both ways.
+
+Request body = JSON header, then raw tensor bytes in the order of the inputs that carry
+``binary_data_size`` (``Inference-Header-Content-Length`` gives the JSON length). Responses are plain
+JSON unless some output is binary; then JSON header + raw bytes in output order. Binary inputs become
+zero-copy ``numpy.frombuffer`` views; every size is checked before use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from serving_pod.core import datatypes
+from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+def decode_infer_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str
+) -> InferRequest:
+    """Parse an inference request body into an ``InferRequest`` (InvalidArgumentError on bad input)."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidArgumentError(
+                f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
+            )
+        header_bytes = body[:header_length]
+        binary = memoryview(body)[header_length:]
+    else:
+        header_bytes = body
+        binary = memoryview(b"")
+    try:
+        header = orjson.loads(header_bytes)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidArgumentError("inference request JSON must have an 'inputs' array")
+    offset = 0
+    inputs: list[Tensor] = []
+    for item in raw_inputs:
+        tensor, offset = _decode_input(item, binary, offset)
+        inputs.append(tensor)
+    if offset != len(binary):
+        raise InvalidArgumentError(
+            f"unexpected additional input data: the binary section holds {len(binary)} bytes "
+            f"but the inputs' binary_data_size add up to {offset}"
+        )
+    parameters = header.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError("request 'parameters' must be a JSON object")
+    outputs = None
+    raw_outputs = header.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidArgumentError("request 'outputs' must be an array")
+        outputs = []
+        for out in raw_outputs:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidArgumentError("each requested output must be an object with a 'name'")
+            out_params = out.get("parameters") or {}
+            if not isinstance(out_params, dict):
+                raise InvalidArgumentError(f"output '{out['name']}': 'parameters' must be an object")
+            outputs.append(RequestedOutput(out["name"], out_params))
+    request_id = header.get("id", "")
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=request_id if isinstance(request_id, str) else str(request_id),
+        parameters=parameters,
+    )
+
+
+def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+    if not isinstance(item, dict):
+        raise InvalidArgumentError("each input must be a JSON object")
+    name = item.get("name")
+    datatype = item.get("datatype")
+    shape = item.get("shape")
+    if not isinstance(name, str):
+        raise InvalidArgumentError("an input has no 'name'")
+    if not isinstance(datatype, str):
+        raise InvalidArgumentError(f"input '{name}' has no 'datatype'")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidArgumentError(f"input '{name}' must have a 'shape' of non-negative integers")
+    dtype = datatypes.numpy_dtype(datatype)
+    shape_t = tuple(shape)
+    params = item.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgumentError(f"input '{name}': 'parameters' must be an object")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
+        end = offset + size
+        if end > len(binary):
+            raise InvalidArgumentError(
+                f"unexpected end of binary data for input '{name}': needs {size} bytes at offset "
+                f"{offset}, the body has {len(binary) - offset} left"
+            )
+        data = datatypes.from_raw(datatype, shape_t, binary[offset:end], f"input '{name}'")
+        return Tensor(name, datatype, data, params), end
+    if "shared_memory_region" in params:
+        return Tensor(name, datatype, np.empty(0, dtype), params), offset
+    if "data" not in item:
+        raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgumentError(
+            f"input '{name}': datatype {datatype} is not supported in JSON; use binary tensor data"
+        )
+    data = _json_array(item["data"], datatype, dtype, shape_t, name)
+    return Tensor(name, datatype, data, params), offset
+
+
+def _json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
+    count = datatypes.element_count(shape)
+    if not isinstance(values, list):
+        values = [values]
+    flat = values if not values or not isinstance(values[0], list) else _flatten(values)
+    if len(flat) != count:
+        raise InvalidArgumentError(
+            f"unexpected number of elements for input '{name}': shape {list(shape)} needs {count}, "
+            f"got {len(flat)}"
+        )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=np.object_)
+        for index, value in enumerate(flat):
+            if isinstance(value, str):
+                array[index] = value.encode("utf-8")
+            else:
+                raise InvalidArgumentError(f"input '{name}': BYTES elements must be JSON strings")
+        return array.reshape(shape)
+    try:
+        array = np.asarray(flat, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgumentError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+    if datatype == "BOOL" and any(not isinstance(v, bool) for v in flat):
+        raise InvalidArgumentError(f"input '{name}': BOOL elements must be true or false")
+    return array.reshape(shape)
+
+
+def _flatten(values: list) -> list:
+    out: list = []
+    stack = [values]
+    # iterative, so deeply nested input cannot exhaust the recursion limit
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, int | None]:
+    """Response body, and the JSON header length when binary outputs follow (else None)."""
+    default_binary = bool(request.parameters.get("binary_data_output", False))
+    wanted: dict[str, dict] = {}
+    if request.outputs:
+        for out in request.outputs:
+            wanted[out.name] = out.parameters
+    outputs_json = []
+    chunks: list[bytes] = []
+    for tensor in response.outputs:
+        params = wanted.get(tensor.name)
+        binary = default_binary
+        if params is not None and "binary_data" in params:
+            binary = bool(params["binary_data"])
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.data.shape),
+        }
+        if tensor.parameters:
+            entry["parameters"] = dict(tensor.parameters)
+        if binary:
+            raw = datatypes.to_raw(tensor.datatype, tensor.data)
+            entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_data(tensor)
+        outputs_json.append(entry)
+    body: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs_json,
+    }
+    if response.id:
+        body["id"] = response.id
+    if response.parameters:
+        body["parameters"] = response.parameters
+    header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _json_data(tensor: Tensor) -> list:
+    data = tensor.data
+    if tensor.datatype == "BYTES":
+        return [
+            item.decode("utf-8", errors="replace") if isinstance(item, (bytes, bytearray)) else str(item)
+            for item in data.flat
+        ]
+    if tensor.datatype == "BF16":
+        return datatypes.bf16_to_fp32(data).reshape(-1).tolist()
+    return data.reshape(-1).tolist()

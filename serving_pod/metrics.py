@@ -1,0 +1,185 @@
+"""Prometheus metrics with Triton's exact ``nv_*`` names, read from the engine's statistics at scrape time.
+
+A custom collector on its own ``CollectorRegistry`` (built in the composition root): nothing is
+updated on the request path, so metrics cost nothing per request and always agree with the
+statistics extension. CPU metrics come from psutil; GPU metrics from nvidia-ml-py (NVML) when a
+GPU is present, else they are absent and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+log = logging.getLogger("ferry.metrics")
+
+_LABELS = ["model", "version"]
+
+
+class CounterFamily(Metric):
+    """A counter exposed under its exact name (prometheus-client would append ``_total``; Triton does not)."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str] | None = None, value: float | None = None) -> None:
+        super().__init__(name, documentation, "counter")
+        self._label_names = labels or []
+        if value is not None:
+            self.add_sample(name, {}, value)
+
+    def add_metric(self, labels: list[str], value: float) -> None:
+        self.add_sample(self.name, dict(zip(self._label_names, labels)), value)
+
+
+class InferenceCollector:
+    """Per-model counters from ``ModelStats`` of every ready version."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            "success": CounterFamily("nv_inference_request_success", "Number of successful inference requests, all batch sizes", labels=_LABELS),
+            "failure": CounterFamily("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", labels=_LABELS + ["reason"]),
+            "count": CounterFamily("nv_inference_count", "Number of inferences performed (does not include cached requests)", labels=_LABELS),
+            "exec": CounterFamily("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)", labels=_LABELS),
+            "request_us": CounterFamily("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", labels=_LABELS),
+            "queue_us": CounterFamily("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)", labels=_LABELS),
+            "input_us": CounterFamily("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", labels=_LABELS),
+            "infer_us": CounterFamily("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", labels=_LABELS),
+            "output_us": CounterFamily("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=_LABELS),
+            "pending": GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.", labels=_LABELS),
+            "load": GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS),
+            "cache_hits": CounterFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=_LABELS),
+            "cache_misses": CounterFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=_LABELS),
+            "cache_hit_us": CounterFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=_LABELS),
+            "cache_miss_us": CounterFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds", labels=_LABELS),
+        }
+        for model in self.engine.registry.ready_models():
+            stats = model.stats
+            labels = [stats.name, stats.version]
+            families["success"].add_metric(labels, stats.success.count)
+            for reason, count in stats.failures.items():
+                families["failure"].add_metric(labels + [reason], count)
+            families["count"].add_metric(labels, stats.inference_count)
+            families["exec"].add_metric(labels, stats.execution_count)
+            families["request_us"].add_metric(labels, (stats.success.ns + stats.fail.ns) // 1000)
+            families["queue_us"].add_metric(labels, stats.queue.ns // 1000)
+            families["input_us"].add_metric(labels, stats.compute_input.ns // 1000)
+            families["infer_us"].add_metric(labels, stats.compute_infer.ns // 1000)
+            families["output_us"].add_metric(labels, stats.compute_output.ns // 1000)
+            families["pending"].add_metric(labels, model.scheduler.pending())
+            families["load"].add_metric(labels, stats.load_duration_s)
+            if model.config.response_cache.enable:
+                families["cache_hits"].add_metric(labels, stats.cache_hit.count)
+                families["cache_misses"].add_metric(labels, stats.cache_miss.count)
+                families["cache_hit_us"].add_metric(labels, stats.cache_hit.ns // 1000)
+                families["cache_miss_us"].add_metric(labels, stats.cache_miss.ns // 1000)
+        yield from families.values()
+
+
+class CpuCollector:
+    """``nv_cpu_utilization`` and ``nv_cpu_memory_{total,used}_bytes`` (psutil)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.psutil = psutil
+        psutil.cpu_percent(None)  # prime the utilization window
+
+    def collect(self) -> Iterator[Metric]:
+        memory = self.psutil.virtual_memory()
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=self.psutil.cpu_percent(None) / 100.0)
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=memory.total - memory.available)
+
+
+class GpuCollector:
+    """Triton's GPU metrics through NVML, one series per GPU labelled ``gpu_uuid``."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+
+    def collect(self) -> Iterator[Metric]:
+        nvml = self.nvml
+        util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"])
+        total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=["gpu_uuid"])
+        used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=["gpu_uuid"])
+        power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"])
+        limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=["gpu_uuid"])
+        energy = CounterFamily("nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", labels=["gpu_uuid"])
+        for handle, uuid in zip(self.handles, self.uuids):
+            try:
+                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                util.add_metric([uuid], rates.gpu / 100.0)
+                total.add_metric([uuid], memory.total)
+                used.add_metric([uuid], memory.used)
+                power.add_metric([uuid], nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+                limit.add_metric([uuid], nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0)
+                energy.add_metric([uuid], nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0)
+            except nvml.NVMLError as exc:  # a GPU that stops answering must not break the scrape
+                log.warning("NVML query failed for %s: %s", uuid, exc)
+        yield from (util, total, used, power, limit, energy)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_nvml() -> tuple[Any, str]:
+    """The initialized ``pynvml`` module, or None and the reason GPU metrics are off."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return None, "nvidia-ml-py is not installed (pip install ferry[gpu])"
+    try:
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return None, "NVML found no GPU"
+    except pynvml.NVMLError as exc:
+        return None, f"NVML is not available: {exc}"
+    return pynvml, ""
+
+
+def build_registry(engine: Any, *, gpu_metrics: bool = True, cpu_metrics: bool = True) -> CollectorRegistry:
+    """The server's own metrics registry (never the global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(InferenceCollector(engine))
+    if cpu_metrics:
+        registry.register(CpuCollector())
+    if gpu_metrics:
+        nvml, reason = open_nvml()
+        if nvml is not None:
+            registry.register(GpuCollector(nvml))
+        else:
+            log.info("GPU metrics disabled: %s", reason)
+    return registry
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value == int(value) and abs(value) < 2**63:
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format with names exactly as Triton exposes them (no ``_total`` suffix)."""
+    lines: list[str] = []
+    for metric in registry.collect():
+        lines.append(f"# HELP {metric.name} {metric.documentation}")
+        lines.append(f"# TYPE {metric.name} {metric.type}")
+        for sample in metric.samples:
+            if sample.labels:
+                labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sample.labels.items())
+                lines.append(f"{sample.name}{{{labels}}} {_number(sample.value)}")
+            else:
+                lines.append(f"{sample.name} {_number(sample.value)}")
+    return ("\n".join(lines) + "\n").encode()

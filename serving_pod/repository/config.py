@@ -1,0 +1,136 @@
+"""Model configuration: ``config.pbtxt`` -> Triton's own ``ModelConfig`` message, auto-complete and validation.
+
+Parsing uses protobuf text_format into ``tritonclient.grpc.model_config_pb2.ModelConfig`` (Triton's proto,
+as shipped by tritonclient), so every field name and enum is Triton's. Validation errors name the model
+and the offending field, and are raised as ``ModelLoadError``. Backends fill missing I/O through
+``Backend.auto_complete`` before validation runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.core.errors import ModelLoadError
+
+ModelConfig = mc.ModelConfig
+
+#: config platform -> backend name (Triton's own pairs).
+PLATFORM_BACKENDS: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+    "ensemble": "",
+}
+BACKEND_PLATFORMS: dict[str, str] = {
+    "onnxruntime": "onnxruntime_onnx",
+    "tensorrt": "tensorrt_plan",
+}
+#: model file name -> backend, used when the config names neither platform nor backend.
+FILE_BACKENDS: dict[str, str] = {
+    "model.onnx": "onnxruntime",
+    "model.py": "python",
+    "model.plan": "tensorrt",
+}
+
+
+def parse_config_text(text: str, model_name: str) -> ModelConfig:
+    """Parse ``config.pbtxt`` text into a ModelConfig; syntax errors name the model and line."""
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ModelLoadError(f"failed to parse config.pbtxt of model '{model_name}': {exc}") from None
+    return config
+
+
+def parse_config_json(text: str, model_name: str) -> ModelConfig:
+    """Parse a JSON config (repository load ``"config"`` override) into a ModelConfig."""
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, ValueError) as exc:
+        raise ModelLoadError(f"failed to parse config override of model '{model_name}': {exc}") from None
+    return config
+
+
+def config_to_dict(config: ModelConfig) -> dict:
+    """ModelConfig -> JSON-ready dict with proto field names and int64 as numbers (Triton's shape)."""
+    data = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    return _int64_as_numbers(data)
+
+
+def config_to_json(config: ModelConfig) -> str:
+    return json.dumps(config_to_dict(config))
+
+
+def _int64_as_numbers(value):
+    # json_format renders int64/uint64 as strings; Triton's HTTP config has them as numbers.
+    if isinstance(value, dict):
+        return {key: _int64_as_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_int64_as_numbers(item) for item in value]
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 21:
+        return int(value)
+    return value
+
+
+def load_config(model_dir: Path, model_name: str) -> ModelConfig:
+    """Read ``<model_dir>/config.pbtxt`` (an empty config when absent: auto-complete fills it)."""
+    path = model_dir / "config.pbtxt"
+    if not path.exists():
+        config = ModelConfig()
+    else:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"failed to read config.pbtxt of model '{model_name}': {exc}") from None
+        config = parse_config_text(text, model_name)
+    if config.name and config.name != model_name:
+        raise ModelLoadError(
+            f"model name '{config.name}' in config.pbtxt does not match the model directory '{model_name}'"
+        )
+    config.name = model_name
+    return config
+
+
+def resolve_backend(config: ModelConfig, model_dir: Path) -> str:
+    """Backend name from ``backend``, ``platform`` or the model file present; fills both fields as Triton does."""
+    if config.backend:
+        backend = config.backend
+    elif config.platform:
+        if config.platform not in PLATFORM_BACKENDS:
+            raise ModelLoadError(
+                f"unexpected platform type '{config.platform}' for model '{config.name}'"
+            )
+        backend = PLATFORM_BACKENDS[config.platform]
+    else:
+        backend = _backend_from_files(config, model_dir)
+        if not backend:
+            raise ModelLoadError(
+                f"unable to find backend for model '{config.name}': the config names no backend or "
+                f"platform and no version folder holds {', '.join(FILE_BACKENDS)}"
+            )
+    if config.platform == "ensemble":
+        return "ensemble"
+    config.backend = backend
+    if not config.platform and backend in BACKEND_PLATFORMS:
+        config.platform = BACKEND_PLATFORMS[backend]
+    return backend
+
+
+def _backend_from_files(config: ModelConfig, model_dir: Path) -> str:
+    names = [config.default_model_filename] if config.default_model_filename else list(FILE_BACKENDS)
+    for version_dir in sorted(model_dir.iterdir() if model_dir.is_dir() else []):
+        if not version_dir.is_dir() or not version_dir.name.isdigit():
+            continue
+        for name in names:
+            if (version_dir / name).exists() and name in FILE_BACKENDS:
+                return FILE_BACKENDS[name]
+    return ""

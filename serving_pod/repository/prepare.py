@@ -1,0 +1,83 @@
+"""Turns a model directory into a complete, validated ``ModelConfig`` ready for instance creation.
+
+Order, as Triton: read config.pbtxt (or an override) -> resolve the backend -> backend auto-complete
+(unless ``--disable-auto-complete-config``) -> Triton's defaults (instance groups, dynamic batching
+for max_batch_size > 1) -> validation. Runs on a loader thread, never on the request path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.backends.registry import get_backend
+from serving_pod.core.errors import ModelLoadError
+from serving_pod.repository.config import load_config, parse_config_json, resolve_backend
+from serving_pod.repository.validation import select_versions, validate_config
+
+
+def prepare_config(
+    name: str,
+    model_dir: Path,
+    *,
+    autocomplete: bool = True,
+    override_json: str | None = None,
+) -> tuple[mc.ModelConfig, str, list[int]]:
+    """The completed config, its backend name and the versions to load."""
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model '{name}': directory {model_dir} does not exist")
+    if override_json is not None:
+        config = parse_config_json(override_json, name)
+        if config.name and config.name != name:
+            raise ModelLoadError(
+                f"model name '{config.name}' in the config override does not match '{name}'"
+            )
+        config.name = name
+    else:
+        config = load_config(model_dir, name)
+    backend_name = resolve_backend(config, model_dir)
+    versions = select_versions(config, model_dir)
+    if backend_name != "ensemble":
+        backend = get_backend(backend_name)
+        if autocomplete:
+            version_dir = model_dir / str(versions[-1])
+            backend.auto_complete(config, model_dir, version_dir if version_dir.is_dir() else None)
+            if (
+                config.max_batch_size > 1
+                and not config.HasField("dynamic_batching")
+                and not config.HasField("sequence_batching")
+            ):
+                config.dynamic_batching.SetInParent()
+        _check_model_files(config, model_dir, versions, backend.default_model_filename())
+    _default_instance_groups(config)
+    validate_config(config)
+    return config, backend_name, versions
+
+
+def _check_model_files(
+    config: mc.ModelConfig, model_dir: Path, versions: list[int], default_file: str
+) -> None:
+    filename = config.default_model_filename or default_file
+    if not filename:
+        return
+    for version in versions:
+        path = model_dir / str(version) / filename
+        if not path.exists():
+            raise ModelLoadError(
+                f"model '{config.name}' version {version}: model file {path} not found"
+            )
+
+
+def _default_instance_groups(config: mc.ModelConfig) -> None:
+    if config.platform == "ensemble":
+        return
+    if not config.instance_group:
+        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    for index, group in enumerate(config.instance_group):
+        if group.count == 0:
+            group.count = 1
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU

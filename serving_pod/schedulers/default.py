@@ -1,0 +1,57 @@
+"""Triton's default scheduler: no batching across requests; each request runs on the next idle instance.
+
+With ``instance_group { count: N }`` up to N requests execute at once; the rest wait (in arrival
+order) for an instance, and that wait is charged as queue time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from serving_pod.core.errors import ServerError, UnavailableError
+from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.schedulers.instances import InstancePool
+
+
+class DefaultScheduler:
+    """One request per execution, spread over all instances."""
+
+    def __init__(self, pool: InstancePool) -> None:
+        self.pool = pool
+        self._pending = 0
+        self._inflight = 0
+        self._closing = False
+        self._idle_event = asyncio.Event()
+        self._idle_event.set()
+
+    def pending(self) -> int:
+        return self._pending
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        if self._closing:
+            raise UnavailableError(f"model '{request.model_name}' is unloading")
+        self._inflight += 1
+        self._idle_event.clear()
+        try:
+            index = self.pool.try_acquire()
+            if index is None:
+                self._pending += 1
+                try:
+                    index = await self.pool.acquire()
+                finally:
+                    self._pending -= 1
+            try:
+                (result,) = await self.pool.execute(index, [request])
+            finally:
+                self.pool.release(index)
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle_event.set()
+        if isinstance(result, ServerError):
+            raise result
+        return result  # type: ignore[return-value]
+
+    async def drain(self) -> None:
+        self._closing = True
+        await self._idle_event.wait()

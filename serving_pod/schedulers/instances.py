@@ -1,0 +1,132 @@
+"""The instances of one model version, each executing on its own worker thread, and the stats they charge.
+
+Every scheduler runs work through an ``InstancePool``: ``acquire`` an idle instance, ``execute`` a
+list of requests on it, ``release`` it. The pool measures the three compute stages as Triton
+names them (input: hand-over to the instance; infer: the backend's execute; output: hand-back to the
+event loop) and charges the model's statistics for the execution and for each request in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from serving_pod.backends.base import ModelInstance
+from serving_pod.core.errors import InternalError, ServerError
+from serving_pod.core.statistics import ModelStats
+from serving_pod.core.types import InferRequest, InferResponse
+
+Result = InferResponse | ServerError | None
+BatchSizer = Callable[[InferRequest], int]
+
+
+class InstancePool:
+    """Idle-instance bookkeeping plus execution on per-instance threads."""
+
+    def __init__(
+        self,
+        instances: list[ModelInstance],
+        names: list[str],
+        stats: ModelStats,
+        batch_size_of: BatchSizer,
+    ) -> None:
+        self.instances = instances
+        self.names = names
+        self.stats = stats
+        self.batch_size_of = batch_size_of
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) for name in names
+        ]
+        self._idle: asyncio.Queue[int] = asyncio.Queue()
+        for index in range(len(instances)):
+            self._idle.put_nowait(index)
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def idle_count(self) -> int:
+        return self._idle.qsize()
+
+    async def acquire(self) -> int:
+        """Index of an idle instance, waiting for one if all are busy."""
+        try:
+            return self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            return await self._idle.get()
+
+    def try_acquire(self) -> int | None:
+        try:
+            return self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    def release(self, index: int) -> None:
+        self._idle.put_nowait(index)
+
+    async def execute(self, index: int, requests: list[InferRequest]) -> list[Result]:
+        """Run ``requests`` on instance ``index``; returns one result per request, never raises."""
+        loop = asyncio.get_running_loop()
+        dispatch_ns = time.monotonic_ns()
+        results, start_ns, end_ns = await loop.run_in_executor(
+            self._executors[index], _run, self.instances[index], requests
+        )
+        done_ns = time.monotonic_ns()
+        self.charge(requests, results, dispatch_ns, start_ns, end_ns, done_ns)
+        return results
+
+    def charge(
+        self,
+        requests: list[InferRequest],
+        results: list[Result],
+        dispatch_ns: int,
+        start_ns: int,
+        end_ns: int,
+        done_ns: int,
+    ) -> None:
+        """Charge one execution and each of its requests to the model's statistics."""
+        stats = self.stats
+        input_ns, infer_ns, output_ns = start_ns - dispatch_ns, end_ns - start_ns, done_ns - end_ns
+        batch_size = 0
+        for request in requests:
+            batch_size += self.batch_size_of(request)
+        stats.record_execution(batch_size, input_ns, infer_ns, output_ns)
+        for request, result in zip(requests, results):
+            if isinstance(result, ServerError):
+                stats.record_failure(done_ns - request.arrival_ns, "BACKEND")
+            else:
+                stats.record_success(
+                    done_ns - request.arrival_ns,
+                    dispatch_ns - request.arrival_ns,
+                    input_ns,
+                    infer_ns,
+                    output_ns,
+                )
+
+    def close(self) -> None:
+        """Finalize every instance and stop the worker threads (after the scheduler drained)."""
+        for executor, instance in zip(self._executors, self.instances):
+            try:
+                executor.submit(instance.close).result()
+            except Exception:  # a failing finalize must not stop the others
+                pass
+            executor.shutdown(wait=True)
+
+
+def _run(
+    instance: ModelInstance, requests: list[InferRequest]
+) -> tuple[list[Result], int, int]:
+    start_ns = time.monotonic_ns()
+    try:
+        results: list[Result] = list(instance.execute(requests))
+        if len(results) != len(requests):
+            error = InternalError(
+                f"backend returned {len(results)} responses for {len(requests)} requests"
+            )
+            results = [error] * len(requests)
+    except ServerError as exc:
+        results = [exc] * len(requests)
+    except Exception as exc:  # a backend bug must fail these requests, not the server
+        results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
+    return results, start_ns, time.monotonic_ns()

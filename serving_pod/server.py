@@ -1,0 +1,142 @@
+"""The composition root: builds the engine, metrics and protocol servers, and runs their lifecycle.
+
+``FerryServer`` is used both by the ``ferry-server`` command and in-process by tests (ports 0 give
+free ports, read back from ``http_port`` / ``grpc_port`` / ``metrics_port``). On SIGTERM the server
+turns not-ready, stops taking new inferences, drains in-flight ones up to ``--exit-timeout-secs``,
+unloads every model (python models' ``finalize`` runs), and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from typing import Any
+
+import uvicorn
+
+from serving_pod.core.engine import Engine
+from serving_pod.http.app import create_app
+from serving_pod.metrics import build_registry, render
+from serving_pod.options import ServerOptions
+
+log = logging.getLogger("ferry.server")
+
+
+def bind_socket(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn(app: Any) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        loop="none",
+        lifespan="off",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own signals
+    return server
+
+
+def metrics_app(registry: Any):
+    """A tiny ASGI app serving ``GET /metrics``."""
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics":
+            status, body = 200, render(registry)
+            content_type = b"text/plain; version=0.0.4; charset=utf-8"
+        else:
+            status, body, content_type = 404, b"", b"text/plain"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+class FerryServer:
+    """Engine + HTTP + gRPC + metrics endpoints, started and stopped together."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.engine = Engine(options.engine)
+        self.http_port = 0
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._http: uvicorn.Server | None = None
+        self._metrics: uvicorn.Server | None = None
+        self._grpc: Any = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()
+
+    async def start(self, *, load_models: bool = True) -> None:
+        """Open the endpoints, then load the models (live at once, ready when loading is done)."""
+        options = self.options
+        if options.allow_http:
+            sock = bind_socket(options.http_address, options.http_port)
+            self.http_port = sock.getsockname()[1]
+            self._http = _uvicorn(create_app(self.engine, max_input_size=options.http_max_input_size))
+            self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
+        if options.allow_grpc:
+            from serving_pod.grpc.service import create_server
+
+            self._grpc = create_server(self.engine)
+            host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
+            self.grpc_port = self._grpc.add_insecure_port(f"{host}:{options.grpc_port}")
+            if self.grpc_port == 0:
+                raise OSError(f"failed to bind gRPC port {options.grpc_port} on {options.grpc_address}")
+            await self._grpc.start()
+        if options.allow_metrics:
+            registry = build_registry(
+                self.engine,
+                gpu_metrics=options.allow_gpu_metrics,
+                cpu_metrics=options.allow_cpu_metrics,
+            )
+            sock = bind_socket(options.metrics_address, options.metrics_port)
+            self.metrics_port = sock.getsockname()[1]
+            self._metrics = _uvicorn(metrics_app(registry))
+            self._tasks.append(asyncio.create_task(self._metrics.serve(sockets=[sock])))
+        for server in (self._http, self._metrics):
+            while server is not None and not server.started:
+                await asyncio.sleep(0.005)
+        if load_models:
+            await self.engine.start()
+        log.info(
+            "Started HTTPService at %s:%d, GRPCInferenceService at %s:%d, Metrics Service at %s:%d",
+            options.http_address, self.http_port, options.grpc_address, self.grpc_port,
+            options.metrics_address, self.metrics_port,
+        )
+
+    async def stop(self) -> None:
+        """Graceful shutdown: not ready -> drain -> close endpoints -> unload models."""
+        await self.engine.shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        for server in (self._http, self._metrics):
+            if server is not None:
+                server.should_exit = True
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stopped.set()
+
+    async def wait_for_signal(self) -> None:
+        """Return when SIGTERM or SIGINT arrives."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received: draining in-flight requests and unloading models")
