@@ -49,10 +49,11 @@ class LocalRoot:
 
 
 def directory_signature(path: Path) -> str:
-    """Hash of every file's relative path, size and mtime below ``path``."""
+    """Hash of every folder's and file's relative path, and each file's size and mtime, below ``path``."""
     digest = hashlib.sha1()
     for root, dirs, files in os.walk(path):
         dirs.sort()
+        digest.update(f"{os.path.relpath(root, path)}/\n".encode())
         for name in sorted(files):
             file_path = os.path.join(root, name)
             try:

@@ -1,0 +1,163 @@
+"""Bad input never takes the server down: each case gets a clear error, and the next good request is served.
+
+Raw HTTP bodies (httpx) and raw gRPC messages exercise what tritonclient would never send.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from support.server import test_model_config, write_model
+
+LIMIT = 1 << 20  # --http-max-input-size for these tests
+
+
+@pytest.fixture
+def server(threaded_server, tmp_path):
+    write_model(tmp_path, "fp32", test_model_config("fp32"))
+    write_model(tmp_path, "text", test_model_config("text", "TYPE_STRING", "[ 2 ]"))
+    write_model(tmp_path, "broken", 'name: "broken"\nbackend: "ferry_test"\nmax_batch_size: 4\n'
+                'input [ { name: "INPUT0" data_type: TYPE_NOPE dims: [ 4 ] } ]\n')
+    write_model(tmp_path, "fails_load", test_model_config(
+        "fails_load", extra='parameters { key: "fail_load" value { string_value: "true" } }'))
+    return threaded_server([tmp_path], http_max_input_size=LIMIT)
+
+
+def _post(server, body: bytes, headers: dict | None = None, model: str = "fp32") -> httpx.Response:
+    return httpx.post(f"http://{server.http_url}/v2/models/{model}/infer", content=body, headers=headers or {}, timeout=30)
+
+
+def _assert_still_serving(server) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    response = _post(server, body.encode())
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+
+
+def _binary_request(name: str, datatype: str, shape: list[int], raw: bytes, declared: int | None = None) -> tuple[bytes, dict]:
+    header = json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype,
+                                      "parameters": {"binary_data_size": len(raw) if declared is None else declared}}]}).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+HTTP_CASES = {
+    # case: (body, headers, status, message fragment)
+    "malformed JSON": (b'{"inputs": [', {}, 400, "failed to parse the request JSON buffer"),
+    "JSON not an object": (b"[1, 2]", {}, 400, "expected a JSON object"),
+    "no inputs": (b'{"id": "1"}', {}, 400, "must have an 'inputs' array"),
+    "unknown datatype": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP128", "data": [1, 2, 3, 4]}]}).encode(),
+                         {}, 400, "invalid datatype 'FP128'"),
+    "element count mismatch": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3]}]}).encode(),
+                               {}, 400, "shape [1, 4] needs 4, got 3"),
+    "negative shape": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [-1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
+                       {}, 400, "non-negative integers"),
+    "wrong JSON value type": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": ["a", 2, 3, 4]}]}).encode(),
+                              {}, 400, "data does not fit FP32"),
+    "binary larger than body": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 8, declared=16), 400, "unexpected end of binary data for input 'INPUT0'"),
+    "binary size wrong for shape": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 12), 400, "expected 16 bytes of FP32 data for shape [1, 4], got 12"),
+    "trailing bytes": ((lambda b, h: (b + b"junk", h))(*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 16)) + (400, "binary section holds 20 bytes")),
+    "header length beyond body": (b'{"inputs": []}', {"Inference-Header-Content-Length": "999"}, 400, "outside the body"),
+    "header length not a number": (b'{"inputs": []}', {"Inference-Header-Content-Length": "ten"}, 400, "must be an integer"),
+    "unsupported encoding": (b"xx", {"Content-Encoding": "br"}, 501, "unsupported Content-Encoding 'br'"),
+    "corrupt gzip": (b"not gzip at all", {"Content-Encoding": "gzip"}, 400, "failed to decompress"),
+}
+
+
+@pytest.mark.parametrize("case", list(HTTP_CASES))
+def test_http_bad_bodies(server, case):
+    body, headers, status, fragment = HTTP_CASES[case]
+    response = _post(server, body, headers)
+    assert response.status_code == status, response.text
+    assert fragment in response.json()["error"]
+    _assert_still_serving(server)
+
+
+def test_http_truncated_bytes_tensor(server):
+    raw = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 10) + b"short"
+    body, headers = _binary_request("INPUT0", "BYTES", [1, 2], raw)
+    response = _post(server, body, headers, model="text")
+    assert response.status_code == 400
+    assert "unexpected end of BYTES tensor data" in response.json()["error"]
+    _assert_still_serving(server)
+
+
+def test_http_oversized_body_refused(server):
+    response = _post(server, b"{" + b" " * (LIMIT + 10) + b"}")
+    assert response.status_code == 400
+    assert "exceeds the maximum allowed value of 1048576 bytes" in response.json()["error"]
+    _assert_still_serving(server)
+
+
+def test_http_decompression_bomb_refused(server):
+    bomb = gzip.compress(b"{" + b" " * (LIMIT * 8) + b"}")
+    assert len(bomb) < LIMIT // 8
+    response = _post(server, bomb, {"Content-Encoding": "gzip"})
+    assert response.status_code == 400
+    assert "exceeds the maximum allowed value" in response.json()["error"]
+    _assert_still_serving(server)
+
+
+def _grpc_call(server, request: pb.ModelInferRequest) -> grpc.RpcError:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=30)
+    return info.value
+
+
+def _grpc_request(raw: list[bytes], datatype: str = "FP32", shape=(1, 4), model: str = "fp32", inputs: int = 1) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    for index in range(inputs):
+        request.inputs.add(name=f"INPUT{index}", datatype=datatype, shape=list(shape))
+    request.raw_input_contents.extend(raw)
+    return request
+
+
+GRPC_CASES = {
+    "raw contents count mismatch": (_grpc_request([b"\0" * 16, b"\0" * 16]), "expected 1 raw_input_contents (one per input), got 2"),
+    "raw size wrong for shape": (_grpc_request([b"\0" * 12]), "expected 16 bytes of FP32 data for shape [1, 4], got 12"),
+    "no data": (_grpc_request([]), "input 'INPUT0' has no data"),
+    "truncated BYTES": (_grpc_request([struct.pack("<I", 9) + b"abc"], "BYTES", (1, 2), "text"), "unexpected end of BYTES tensor data"),
+    "unknown datatype": (_grpc_request([b"\0" * 16], "FP128"), "invalid datatype 'FP128'"),
+}
+
+
+@pytest.mark.parametrize("case", list(GRPC_CASES))
+def test_grpc_bad_messages(server, case):
+    request, fragment = GRPC_CASES[case]
+    error = _grpc_call(server, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in error.details()
+    _assert_still_serving(server)
+
+
+def test_grpc_typed_contents_accepted(server):
+    request = pb.ModelInferRequest(model_name="fp32")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    tensor.contents.fp32_contents.extend([1.0, 2.0, 3.0, 4.5])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [1.0, 2.0, 3.0, 4.5]
+
+
+def test_models_that_fail_to_load_leave_the_others_serving(server):
+    index = {row["name"]: row for row in server.client("http").get_model_repository_index()}
+    assert index["fp32"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "TYPE_NOPE" in index["broken"]["reason"]
+    assert index["fails_load"]["state"] == "UNAVAILABLE"
+    assert "ferry_test asked to fail loading" in index["fails_load"]["reason"]
+    client = server.client("http")
+    assert client.is_server_live()
+    assert not client.is_server_ready()  # strict readiness: not every model is ready
+    assert not client.is_model_ready("broken")
+    _assert_still_serving(server)

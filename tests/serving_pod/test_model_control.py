@@ -1,0 +1,161 @@
+"""Model control: explicit load / unload / reload (with config overrides) over HTTP and gRPC; poll mode; none mode."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from support.server import test_model_config, write_model
+
+PROTOCOLS = ["http", "grpc"]
+
+
+def _infer(handle, protocol: str, model: str, array: np.ndarray, version: str = ""):
+    module = handle.module(protocol)
+    tensor = module.InferInput("INPUT0", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return handle.client(protocol).infer(model, [tensor], model_version=version)
+
+
+def _index(handle, protocol: str) -> dict[str, dict]:
+    client = handle.client(protocol)
+    if protocol == "grpc":
+        rows = client.get_model_repository_index(as_json=True).get("models", [])
+    else:
+        rows = client.get_model_repository_index()
+    return {(row["name"], row.get("version", "")): row for row in rows}
+
+
+@pytest.fixture
+def repository(tmp_path):
+    write_model(tmp_path, "alpha", test_model_config("alpha"))
+    write_model(tmp_path, "beta", test_model_config("beta"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_explicit_load_unload_reload(threaded_server, repository, protocol):
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    client = server.client(protocol)
+    assert client.is_model_ready("alpha")
+    assert not client.is_model_ready("beta")
+    index = _index(server, protocol)
+    assert ("beta", "") in index and "state" not in index[("beta", "")] or index[("beta", "")].get("state", "") == ""
+
+    client.load_model("beta")
+    assert client.is_model_ready("beta")
+    assert _infer(server, protocol, "beta", np.ones((2, 4), np.float32)).as_numpy("OUTPUT0").shape == (2, 4)
+
+    client.unload_model("beta")
+    assert not client.is_model_ready("beta")
+    index = _index(server, protocol)
+    assert index[("beta", "1")]["state"] == "UNAVAILABLE" and index[("beta", "1")]["reason"] == "unloaded"
+    with pytest.raises(InferenceServerException) as info:
+        _infer(server, protocol, "beta", np.ones((1, 4), np.float32))
+    assert "beta" in info.value.message()
+
+    # reload with a config override: max_batch_size 2 now refuses a batch of 3
+    override = json.dumps({"backend": "ferry_test", "max_batch_size": 2,
+                           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+                           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]})
+    client.load_model("alpha", config=override)
+    config = client.get_model_config("alpha", **({"as_json": True} if protocol == "grpc" else {}))
+    config = config["config"] if protocol == "grpc" else config
+    assert int(config["max_batch_size"]) == 2
+    with pytest.raises(InferenceServerException) as info:
+        _infer(server, protocol, "alpha", np.ones((3, 4), np.float32))
+    assert "batch-size must be <= 2 for 'alpha'" in info.value.message()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_failed_reload_keeps_old_version_serving(threaded_server, repository, protocol):
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    client = server.client(protocol)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("alpha", config='{"backend": "ferry_test", "max_batch_size": -3}')
+    assert "max_batch_size must be >= 0" in info.value.message()
+    assert client.is_model_ready("alpha")
+    assert _infer(server, protocol, "alpha", np.ones((4, 4), np.float32)).as_numpy("OUTPUT0").shape == (4, 4)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_load_errors(threaded_server, repository, protocol):
+    server = threaded_server([repository], model_control_mode="explicit")
+    client = server.client(protocol)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("does_not_exist")
+    assert "failed to load 'does_not_exist'" in info.value.message()
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("alpha", config="{not json")
+    assert "failed to parse config override of model 'alpha'" in info.value.message()
+    assert client.is_server_live()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_none_mode_refuses_load_and_unload(threaded_server, repository, protocol):
+    server = threaded_server([repository])
+    client = server.client(protocol)
+    with pytest.raises(InferenceServerException) as info:
+        client.unload_model("alpha")
+    assert "not allowed" in info.value.message()
+    assert client.is_model_ready("alpha")
+
+
+def test_load_all_with_star(threaded_server, repository):
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("*",))
+    client = server.client("http")
+    assert client.is_model_ready("alpha") and client.is_model_ready("beta")
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_poll_mode_picks_up_new_version_and_survives_a_broken_edit(threaded_server, tmp_path):
+    model_dir = write_model(tmp_path, "polled", test_model_config(
+        "polled", extra="version_policy { latest { num_versions: 1 } }"))
+    server = threaded_server([tmp_path], model_control_mode="poll", repository_poll_secs=0.2)
+    client = server.client("http")
+    assert client.get_model_metadata("polled")["versions"] == ["1"]
+
+    (model_dir / "2").mkdir()
+    _wait_for(lambda: client.get_model_metadata("polled")["versions"] == ["2"])
+    assert _infer(server, "http", "polled", np.ones((1, 4), np.float32)).get_response()["model_version"] == "2"
+
+    # a broken edit: the serving version stays
+    (model_dir / "config.pbtxt").write_text("this is { not a config")
+    time.sleep(1.0)
+    assert client.is_model_ready("polled")
+    assert client.get_model_metadata("polled")["versions"] == ["2"]
+
+    # a new model appears, then a model disappears
+    write_model(tmp_path, "newcomer", test_model_config("newcomer"))
+    _wait_for(lambda: client.is_model_ready("newcomer"))
+    import shutil
+
+    shutil.rmtree(tmp_path / "newcomer")
+    _wait_for(lambda: not client.is_model_ready("newcomer"))
+
+
+def test_version_policies(threaded_server, tmp_path):
+    write_model(tmp_path, "all_versions", test_model_config("all_versions", extra="version_policy { all { } }"), versions=(1, 2, 3))
+    write_model(tmp_path, "specific", test_model_config("specific", extra="version_policy { specific { versions: [1, 3] } }"), versions=(1, 2, 3))
+    write_model(tmp_path, "latest2", test_model_config("latest2", extra="version_policy { latest { num_versions: 2 } }"), versions=(1, 2, 3))
+    server = threaded_server([tmp_path])
+    client = server.client("http")
+    assert client.get_model_metadata("all_versions")["versions"] == ["1", "2", "3"]
+    assert client.get_model_metadata("specific")["versions"] == ["1", "3"]
+    assert client.get_model_metadata("latest2")["versions"] == ["2", "3"]
+    assert client.is_model_ready("specific", "3") and not client.is_model_ready("specific", "2")
+    assert _infer(server, "http", "specific", np.ones((1, 4), np.float32), version="1").get_response()["model_version"] == "1"
+    # the default version is the newest
+    assert _infer(server, "http", "latest2", np.ones((1, 4), np.float32)).get_response()["model_version"] == "3"

@@ -1,0 +1,172 @@
+"""Test helpers shared by every suite: in-process servers on free ports, model folders, reference model paths.
+
+``ServerHandle`` wraps a running ``FerryServer`` and hands out tritonclient HTTP and gRPC clients; ``write_model``
+and ``test_model_config`` build small repositories under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from serving_pod.core.engine import EngineOptions
+from serving_pod.options import ServerOptions
+from serving_pod.server import FerryServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared"
+TRITON_EXAMPLES = SHARED / "models" / "triton-examples"
+BENCH_MODELS = SHARED / "models" / "bench"
+DEFAULT_MODELS = ROOT / "serving_pod" / "default_models"
+
+
+@dataclass
+class ServerHandle:
+    """A running in-process server and ways to talk to it."""
+
+    server: FerryServer
+    #: set when the server runs in a background thread (``ServerThread``); ``call`` runs coroutines on its loop.
+    thread: Any = None
+
+    def call(self, coroutine: Any) -> Any:
+        """Run an engine coroutine on the server's loop from a synchronous test."""
+        return self.thread.call(coroutine)
+
+    @property
+    def engine(self):
+        return self.server.engine
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.server.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.server.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+    def client(self, protocol: str):
+        """A sync tritonclient for ``"http"`` or ``"grpc"``."""
+        if protocol == "http":
+            import tritonclient.http as httpclient
+
+            return httpclient.InferenceServerClient(self.http_url, network_timeout=60.0, connection_timeout=60.0)
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.grpc_url)
+
+    def module(self, protocol: str):
+        """The tritonclient module for ``protocol`` (for InferInput / InferRequestedOutput)."""
+        if protocol == "http":
+            import tritonclient.http as httpclient
+
+            return httpclient
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient
+
+
+def make_options(repositories: list[Path | str], **engine_kwargs: Any) -> ServerOptions:
+    server_kwargs = {
+        key: engine_kwargs.pop(key)
+        for key in list(engine_kwargs)
+        if key in ServerOptions.__dataclass_fields__ and key != "engine"
+    }
+    return ServerOptions(
+        engine=EngineOptions(model_repositories=tuple(str(r) for r in repositories), **engine_kwargs),
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        http_address="127.0.0.1",
+        grpc_address="127.0.0.1",
+        metrics_address="127.0.0.1",
+        **server_kwargs,
+    )
+
+
+async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking client call without blocking the server's event loop (same process)."""
+    return await asyncio.to_thread(function, *args)
+
+
+def copy_models(destination: Path, source: Path, *names: str) -> Path:
+    """Copy model folders from ``source`` into ``destination`` (a repository under tmp_path)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(source / name, destination / name)
+    return destination
+
+
+def write_model(
+    repository: Path,
+    name: str,
+    config: str,
+    files: dict[str, str | bytes] | None = None,
+    versions: tuple[int, ...] = (1,),
+) -> Path:
+    """Write ``<repository>/<name>/config.pbtxt`` and version folders (``files`` are relative to the model dir)."""
+    model_dir = repository / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config)
+    for version in versions:
+        (model_dir / str(version)).mkdir(exist_ok=True)
+    for relative, content in (files or {}).items():
+        path = model_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return model_dir
+
+
+def test_model_config(name: str, datatype: str = "TYPE_FP32", dims: str = "[ 4 ]", max_batch_size: int = 8, extra: str = "") -> str:
+    """config.pbtxt of a ``ferry_test`` identity model (INPUT0 -> OUTPUT0)."""
+    return f"""
+name: "{name}"
+backend: "ferry_test"
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT0" data_type: {datatype} dims: {dims} }} ]
+output [ {{ name: "OUTPUT0" data_type: {datatype} dims: {dims} }} ]
+{extra}
+"""
+
+
+test_model_config.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+class ServerThread:
+    """A ``FerryServer`` running on its own event loop in a background thread, for synchronous tests.
+
+    tritonclient's sync HTTP client (gevent) must stay on the thread that created it, so tests that use sync
+    clients run the server here and call the clients from the test's own thread.
+    """
+
+    def __init__(self, options: ServerOptions) -> None:
+        import threading
+
+        self.server = FerryServer(options)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="ferry-test-server", daemon=True)
+        self._thread.start()
+
+    def call(self, coroutine: Any, timeout: float = 120.0) -> Any:
+        """Run ``coroutine`` on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def start(self) -> "ServerHandle":
+        self.call(self.server.start())
+        return ServerHandle(self.server, self)
+
+    def stop(self) -> None:
+        try:
+            self.call(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
