@@ -19,10 +19,14 @@ from serving_pod.core.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from serving_pod import classification
 from serving_pod.core.registry import ModelRegistry
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
 from serving_pod.repository.repository import ModelRepository, open_root
+from serving_pod.logging_settings import LogSettings
+from serving_pod.shm import SharedMemoryManager
+from serving_pod.trace import TraceConfig, Tracer
 
 log = logging.getLogger("ferry.engine")
 
@@ -58,6 +62,9 @@ class EngineOptions:
     autocomplete: bool = True
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     server_id: str = "triton"
+    #: client shared memory (register/unregister) is refused unless true (Triton 2.69+ default).
+    allow_client_shm: bool = False
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
 
 class Engine:
@@ -79,6 +86,12 @@ class Engine:
         self._idle = asyncio.Event()
         self._poller: asyncio.Task | None = None
         self.startup_failures: dict[str, str] = {}
+        self.shm = SharedMemoryManager(allow=options.allow_client_shm)
+        self.tracer = Tracer(options.trace)
+        #: replaced by the composition root with the settings it installed (--log-* flags).
+        self.log_settings = LogSettings()
+        self.labels = classification.LabelCache(self._model_dir)
+        self._override_dirs: dict[str, Any] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,8 +107,6 @@ class Engine:
             if "*" in names:
                 names = sorted(self.repository.scan()[0])
             self.startup_failures = await self.registry.load_many(names)
-        for name, error in self.startup_failures.items():
-            log.error("model '%s' failed to load: %s", name, error)
         if mode == "poll":
             self._poller = asyncio.create_task(self._poll_loop())
 
@@ -103,9 +114,7 @@ class Engine:
         while not self.shutting_down:
             await asyncio.sleep(self.options.repository_poll_secs)
             try:
-                failures = await self.registry.poll()
-                for name, error in failures.items():
-                    log.error("poll: model '%s' failed to load: %s", name, error)
+                await self.registry.poll()  # failures are logged by the registry
             except Exception:  # the poller must survive anything a repository throws
                 log.exception("repository poll failed")
 
@@ -119,6 +128,8 @@ class Engine:
         except asyncio.TimeoutError:
             log.warning("exit timeout: %d requests still in flight", self._inflight)
         await self.registry.close()
+        self.shm.close()
+        self.tracer.close()
         self.live = False
 
     # --- health and metadata -----------------------------------------------------------------
@@ -162,11 +173,26 @@ class Engine:
             raise UnsupportedError(
                 f"model '{model.name}' is decoupled: use the gRPC streaming API (ModelStreamInfer)"
             )
+        trace = (
+            self.tracer.start(model.name, model.version_str, request.id, request.arrival_ns)
+            if self.tracer.enabled else None
+        )
+        outputs = request.outputs
+        shm_targets = class_counts = None
         try:
+            for tensor in request.inputs:
+                if tensor.parameters and "shared_memory_region" in tensor.parameters:
+                    self.shm.read_inputs(request)  # before validation: it gives the tensors their data
+                    break
+            if outputs:
+                shm_targets = self.shm.output_targets(outputs)
+                class_counts = classification.requested(outputs)
             model.validate(request)
         except ServerError:
             model.stats.record_failure(time.monotonic_ns() - request.arrival_ns, "REJECTED")
             raise
+        if trace is not None:
+            trace.stamp("QUEUE_START")
         request.model_version = model.version_str
         self._inflight += 1
         self._idle.clear()
@@ -180,6 +206,12 @@ class Engine:
             wanted = {o.name for o in request.outputs}
             if len(wanted) != len(response.outputs):
                 response.outputs = [t for t in response.outputs if t.name in wanted]
+            if class_counts:
+                classification.apply(response, class_counts, model, self.labels)
+            if shm_targets:
+                self.shm.write_outputs(response, shm_targets)
+        if trace is not None:
+            self.tracer.finish(trace)
         return response
 
     async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse]:

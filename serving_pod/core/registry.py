@@ -8,6 +8,7 @@ the previous versions serving. Unloading drains a version's scheduler before fin
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,10 +34,22 @@ from serving_pod.repository.prepare import prepare_config
 from serving_pod.repository.repository import ModelRepository, ModelSource
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.warmup import warm_up
 
 log = logging.getLogger("ferry.registry")
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+#: ensembles whose dependencies the current task is loading (detects ensembles that contain each other)
+_ENSEMBLE_CHAIN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ensemble_chain", default=())
+
+
+def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
+    for _, _, pools in built:
+        for instance in pools[0] if pools else []:
+            try:
+                instance.close()
+            except Exception:  # one failing finalize must not keep the others open
+                log.exception("closing an instance of a model that failed to load")
 
 
 @dataclass
@@ -161,20 +174,28 @@ class ModelRegistry:
                 for state in entry.versions.values():
                     state.state, state.reason = LOADING, ""
             start = time.monotonic()
+            built: list[tuple[mc.ModelConfig, int, Any]] = []
             try:
                 built = await asyncio.to_thread(self._build, name, model_dir, config_override)
+                if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
+                    await self._prepare_ensemble(built[0][0])
+                duration = time.monotonic() - start
+                models = [
+                    self._assemble(config, version, pools, duration, model_dir=model_dir)
+                    for config, version, pools in built
+                ]
             except Exception as exc:
+                await asyncio.to_thread(_close_instances, built)  # a scheduler may refuse the config
                 error = exc if isinstance(exc, ServerError) else ModelLoadError(
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"
                 )
-                log.error("failed to load '%s': %s", name, error)
+                message = str(error)
+                log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
                 if first_load:
                     entry.versions = {
                         v: VersionState(v, UNAVAILABLE, str(error)) for v in entry.versions or {1: None}
                     }
                 raise error from None
-            duration = time.monotonic() - start
-            models = [self._assemble(config, version, pools, duration) for config, version, pools in built]
             old = entry.ready
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
@@ -227,6 +248,9 @@ class ModelRegistry:
             if name not in self.entries or self.entries[name].signature != source.signature
         ]
         for name in changed:
+            entry = self.entries.get(name)
+            if entry is not None and entry.ready and entry.signature == sources[name].signature:
+                continue  # loaded meanwhile, as a dependency of an ensemble
             try:
                 await self.load(name, source=sources[name])
             except ServerError as exc:
@@ -258,6 +282,8 @@ class ModelRegistry:
                     continue
                 backend = get_backend(backend_name)
                 instances, names = [], []
+                # listed before creation so a failing instance or warmup closes the ones made so far
+                built.append((config, version, (instances, names)))
                 for group in config.instance_group:
                     kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
                     devices = list(group.gpus) or [0]
@@ -278,7 +304,7 @@ class ModelRegistry:
                             )
                             instances.append(backend.create_instance(context))
                             names.append(instance_name)
-                built.append((config, version, (instances, names)))
+                warm_up(config, model_dir, str(version), instances, names)
         except Exception:
             for _, _, pools in built:
                 if pools:
@@ -290,10 +316,13 @@ class ModelRegistry:
             raise
         return built
 
-    def _assemble(self, config: mc.ModelConfig, version: int, pools: Any, duration: float) -> Model:
+    def _assemble(
+        self, config: mc.ModelConfig, version: int, pools: Any, duration: float, *, model_dir: Path | None = None
+    ) -> Model:
         stats = ModelStats(config.name, str(version))
         stats.load_duration_s = duration
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
+        model.model_dir = model_dir  # type: ignore[attr-defined]  # sequence initial_state data files
         pool = None
         if pools is not None:
             instances, names = pools
@@ -301,6 +330,42 @@ class ModelRegistry:
         model.pool = pool
         model.scheduler = create_scheduler(model, pool, engine=self.engine)
         return model
+
+    async def _prepare_ensemble(self, config: mc.ModelConfig) -> None:
+        """Load what an ensemble's steps need (as Triton does), then validate its graph against them."""
+        from serving_pod.schedulers.ensemble_graph import validate_mapping, validate_structure
+
+        steps = validate_structure(config)
+        chain = _ENSEMBLE_CHAIN.get()
+        token = _ENSEMBLE_CHAIN.set(chain + (config.name,))
+        try:
+            for step in steps:
+                if step.model_name in chain + (config.name,):
+                    raise ModelLoadError(
+                        f"ensemble '{config.name}' {step.label}: ensembles form a cycle through "
+                        f"'{step.model_name}' ({' -> '.join(chain + (config.name, step.model_name))})"
+                    )
+                entry = self.entries.get(step.model_name)
+                if entry is not None and not entry.ready and entry.lock.locked():
+                    async with entry.lock:  # being loaded by someone else: wait for that load
+                        pass
+                if entry is None or not entry.ready:
+                    try:
+                        await self.load(step.model_name)
+                    except ServerError as exc:
+                        raise ModelLoadError(
+                            f"ensemble '{config.name}' {step.label}: composing model "
+                            f"'{step.model_name}' failed to load: {exc}"
+                        ) from None
+        finally:
+            _ENSEMBLE_CHAIN.reset(token)
+        composing = {}
+        for step in steps:
+            try:
+                composing[step.index] = self.get(step.model_name, step.model_version).config
+            except ServerError as exc:
+                raise ModelLoadError(f"ensemble '{config.name}' {step.label}: {exc}") from None
+        validate_mapping(config, steps, composing)
 
     async def _retire(self, models: list[Model]) -> None:
         for model in models:

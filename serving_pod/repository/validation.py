@@ -95,10 +95,6 @@ def _validate_batching(config: mc.ModelConfig) -> None:
                     f"model '{name}': priority_queue_policy for level {level} outside "
                     f"1..priority_levels ({batching.priority_levels})"
                 )
-    if config.HasField("dynamic_batching") and config.HasField("sequence_batching"):
-        raise ModelLoadError(
-            f"model '{name}': dynamic_batching and sequence_batching cannot both be set"
-        )
 
 
 def _validate_instance_groups(config: mc.ModelConfig) -> None:

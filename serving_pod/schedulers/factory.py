@@ -14,8 +14,12 @@ def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> S
     """The scheduler for ``model``: ensemble, sequence, dynamic or default, as its config says."""
     config = model.config
     if config.platform == "ensemble":
-        raise ModelLoadError(f"model '{config.name}': ensemble scheduling is not available yet")
+        from serving_pod.schedulers.ensemble import EnsembleScheduler
+
+        return EnsembleScheduler(model, engine=engine)
     assert pool is not None
     if config.HasField("sequence_batching"):
-        raise ModelLoadError(f"model '{config.name}': sequence batching is not available yet")
+        from serving_pod.schedulers.sequence import SequenceScheduler
+
+        return SequenceScheduler(model, pool, model_dir=getattr(model, "model_dir", None))
     return DefaultScheduler(pool)

@@ -1,0 +1,116 @@
+"""Connection-level limits for the HTTP server: request header size and a request read deadline.
+
+uvicorn's httptools protocol bounds neither the size of a request's headers nor the time a client
+may take to send a request, so one client trickling bytes (slowloris) could hold connections and
+buffers forever. ``guarded_protocol`` returns a subclass that
+
+- answers 431 and closes when a request's headers exceed ``max_header_bytes``;
+- closes a connection whose current request (headers and body) is not fully received within
+  ``read_timeout_s`` of its first byte, or that sends nothing within ``read_timeout_s`` of
+  connecting. The app then sees ``http.disconnect`` and stops waiting for the body.
+
+A request that arrives in one read (the common case) never arms a timer, so the hot path pays
+only two attribute writes. Body size is bounded separately by ``--http-max-input-size``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """httptools protocol with header-size and read-deadline limits (set by ``guarded_protocol``)."""
+
+    max_header_bytes: int = 64 * 1024
+    read_timeout_s: float = 60.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._mid_message = False
+        self._in_headers = False
+        self._header_bytes = 0
+        self._too_large = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers or not self._mid_message:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if self._in_headers and self._header_bytes > self.max_header_bytes:
+            self._reject(431, b"Request Header Fields Too Large")
+            return
+        if self._mid_message and self._deadline is None and not self.transport.is_closing():
+            self._arm()
+
+    def on_message_begin(self) -> None:
+        self._mid_message = self._in_headers = True
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        # Bytes received so far bound the header size; count exactly only when they could exceed it.
+        if self._header_bytes > self.max_header_bytes:
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            if size > self.max_header_bytes:
+                self._too_large = True
+                raise ValueError("request headers too large")  # httptools aborts the parse
+        self._header_bytes = 0
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._too_large:
+            self._reject(431, b"Request Header Fields Too Large")
+        else:
+            super().send_400_response(msg)
+
+    def on_message_complete(self) -> None:
+        self._mid_message = False
+        self._disarm()
+        super().on_message_complete()
+
+    # --- internals ---------------------------------------------------------------------------
+    def _arm(self) -> None:
+        self._deadline = self.loop.call_later(self.read_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._mid_message or self.cycle is None:
+            if self._in_headers or self.cycle is None:
+                self._reject(408, b"Request Timeout")
+            else:
+                self.transport.close()  # the app's receive() now reports http.disconnect
+
+    def _reject(self, status: int, reason: bytes) -> None:
+        body = reason
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, reason, len(body), body)
+        )
+        self.transport.close()
+
+
+def guarded_protocol(*, max_header_bytes: int, read_timeout_s: float) -> type[GuardedHttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` with these limits."""
+    return type(
+        "FerryHttpProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s},
+    )

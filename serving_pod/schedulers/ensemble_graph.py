@@ -1,0 +1,222 @@
+"""An ensemble's ``ensemble_scheduling`` as a validated DAG of steps (pure functions, no I/O).
+
+Neighbours: the registry calls ``validate_structure`` and ``validate_mapping`` when an ensemble
+loads (after its composing models are loaded, since their configs are needed); ``ensemble.py``
+runs the steps. Checks follow Triton's ``ValidateEnsembleSchedulingConfig`` and
+``ValidateTensorMapping``: every error is a ``ModelLoadError`` naming the ensemble, the step
+(index and model) and the tensor, so a broken config says exactly where it is broken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.core.errors import ModelLoadError
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One step: which model runs, fed from and writing to which ensemble tensors."""
+
+    index: int
+    model_name: str
+    #: "" for the composing model's latest ready version
+    model_version: str
+    #: (composing model input, ensemble tensor)
+    input_map: tuple[tuple[str, str], ...]
+    #: (composing model output, ensemble tensor)
+    output_map: tuple[tuple[str, str], ...]
+
+    @property
+    def label(self) -> str:
+        return f"step {self.index} (model '{self.model_name}')"
+
+
+def ensemble_steps(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
+    steps = []
+    for index, step in enumerate(config.ensemble_scheduling.step):
+        version = "" if step.model_version < 0 else str(step.model_version)
+        steps.append(EnsembleStep(
+            index, step.model_name, version,
+            tuple(sorted(step.input_map.items())), tuple(sorted(step.output_map.items())),
+        ))
+    return tuple(steps)
+
+
+def validate_structure(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
+    """Checks needing only the ensemble's own config: fields, tensor flow, cycles. Returns the steps."""
+    name = config.name
+    if config.instance_group:
+        raise ModelLoadError(f"instance group should not be specified for ensemble '{name}'")
+    if config.HasField("optimization"):
+        raise ModelLoadError(f"optimization should not be specified for ensemble '{name}'")
+    if config.model_warmup:
+        raise ModelLoadError(f"model_warmup can not be specified for ensemble '{name}'")
+    if not config.ensemble_scheduling.step:
+        raise ModelLoadError(f"must specify 'step' for ensemble '{name}'")
+    steps = ensemble_steps(config)
+    inputs = {tensor.name for tensor in config.input}
+    producer: dict[str, EnsembleStep] = {}
+    for step in steps:
+        for field, mapping in (("model_name", step.model_name), ("input_map", step.input_map), ("output_map", step.output_map)):
+            if not mapping:
+                raise ModelLoadError(f"must specify '{field}' in step {step.index} of ensemble '{name}'")
+        if step.model_name == name:
+            raise ModelLoadError(f"ensemble '{name}' {step.label} refers to the ensemble itself")
+        for _, tensor in step.output_map:
+            if tensor in producer:
+                raise ModelLoadError(
+                    f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble "
+                    f"'{name}' step {step.index} (already written by {producer[tensor].label})"
+                )
+            if tensor in inputs:
+                raise ModelLoadError(
+                    f"in ensemble '{name}', {step.label} writes ensemble tensor '{tensor}', which is an "
+                    "ensemble input"
+                )
+            producer[tensor] = step
+    consumed: set[str] = set()
+    for step in steps:
+        for model_input, tensor in step.input_map:
+            consumed.add(tensor)
+            if tensor not in inputs and tensor not in producer:
+                raise ModelLoadError(
+                    f"in ensemble '{name}', {step.label}: input '{model_input}' is mapped from ensemble "
+                    f"tensor '{tensor}', which is neither an ensemble input nor an output of any step"
+                )
+    _check_cycles(name, steps, producer)
+    outputs = {tensor.name for tensor in config.output}
+    for tensor in config.input:
+        if tensor.name not in consumed:
+            raise ModelLoadError(f"ensemble input '{tensor.name}' for ensemble '{name}' is not used")
+    for tensor in config.output:
+        if tensor.name not in producer:
+            raise ModelLoadError(
+                f"output '{tensor.name}' for ensemble '{name}' is not written: no step maps an output to it"
+            )
+    for tensor, step in producer.items():
+        if tensor not in consumed and tensor not in outputs:
+            raise ModelLoadError(
+                f"ensemble tensor '{tensor}' is unused in ensemble '{name}' (written by {step.label}, "
+                "read by no step and not an ensemble output)"
+            )
+    return steps
+
+
+def _check_cycles(name: str, steps: tuple[EnsembleStep, ...], producer: dict[str, EnsembleStep]) -> None:
+    """Depth-first search over step -> step edges; the first cycle found is reported in full."""
+    edges = {
+        step.index: [(tensor, producer[tensor].index) for _, tensor in step.input_map if tensor in producer]
+        for step in steps
+    }
+    color = dict.fromkeys(edges, 0)  # 0 new, 1 on the path, 2 done
+    path: list[tuple[int, str]] = []
+
+    def visit(index: int) -> None:
+        color[index] = 1
+        for tensor, upstream in edges[index]:
+            path.append((index, tensor))
+            if color[upstream] == 1:
+                start = next(i for i, (step, _) in enumerate(path) if step == upstream)
+                hops = " <- ".join(f"{steps[s].label} reads '{t}'" for s, t in path[start:])
+                raise ModelLoadError(
+                    f"ensemble '{name}' has a cycle: {hops} <- written by {steps[upstream].label}"
+                )
+            if color[upstream] == 0:
+                visit(upstream)
+            path.pop()
+        color[index] = 2
+
+    for step in steps:
+        if color[step.index] == 0:
+            visit(step.index)
+
+
+def _dims(dims, batching: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    dims = tuple(dims)
+    return dims, ((-1,) + dims if batching else dims)
+
+
+def _compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    source: str
+    data_type: int
+    dims: tuple[int, ...]
+    full_dims: tuple[int, ...]
+
+
+def validate_mapping(
+    config: mc.ModelConfig, steps: tuple[EnsembleStep, ...], composing: Mapping[int, mc.ModelConfig]
+) -> None:
+    """Checks against the composing models' configs (``composing[step.index]``): names, types, shapes."""
+    name = config.name
+    batching = config.max_batch_size > 0
+    tensors: dict[str, _Node] = {}
+    for tensor in list(config.input) + list(config.output):
+        dims = tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims
+        plain, full = _dims(dims, batching)
+        tensors[tensor.name] = _Node(f"ensemble '{name}'", tensor.data_type, plain, full)
+
+    def merge(step: EnsembleStep, tensor: str, node: _Node) -> None:
+        seen = tensors.get(tensor)
+        if seen is None:
+            tensors[tensor] = node
+            return
+        where = f"in ensemble '{name}', {step.label}, ensemble tensor '{tensor}': "
+        if seen.data_type != node.data_type:
+            raise ModelLoadError(
+                where + f"inconsistent data type: {mc.DataType.Name(seen.data_type)} is inferred from "
+                f"{seen.source} while {mc.DataType.Name(node.data_type)} is inferred from {node.source}"
+            )
+        if not _compatible(seen.dims, node.dims) and not _compatible(seen.full_dims, node.full_dims):
+            raise ModelLoadError(
+                where + f"inconsistent shape: {list(seen.full_dims)} is inferred from {seen.source} while "
+                f"{list(node.full_dims)} is inferred from {node.source}"
+            )
+
+    for step in steps:
+        model = composing[step.index]
+        source = f"model '{step.model_name}'"
+        if model.model_transaction_policy.decoupled:
+            raise ModelLoadError(
+                f"in ensemble '{name}', {step.label}: decoupled composing models are not supported by "
+                "this server's ensemble scheduler"
+            )
+        if model.max_batch_size and model.max_batch_size < config.max_batch_size:
+            raise ModelLoadError(
+                f"ensemble '{name}' allows maximum batch size {config.max_batch_size}, but it contains "
+                f"model {step.model_name} which only allows maximum batch size to be {model.max_batch_size}"
+            )
+        step_batching = model.max_batch_size > 0
+        inputs = {tensor.name: tensor for tensor in model.input}
+        mapped = dict(step.input_map)
+        for model_input, tensor in step.input_map:
+            spec = inputs.get(model_input)
+            if spec is None:
+                raise ModelLoadError(
+                    f"in ensemble '{name}', {step.label}: ensemble tensor '{tensor}' is mapping to "
+                    f"non-existing input '{model_input}' in model {step.model_name}"
+                )
+            merge(step, tensor, _Node(source, spec.data_type, *_dims(spec.dims, step_batching)))
+        for spec in model.input:
+            if spec.name not in mapped and not spec.optional:
+                raise ModelLoadError(
+                    f"in ensemble '{name}', {step.label}: input '{spec.name}' in model {step.model_name} "
+                    "is not mapped to any ensemble tensors"
+                )
+        outputs = {tensor.name: tensor for tensor in model.output}
+        for model_output, tensor in step.output_map:
+            spec = outputs.get(model_output)
+            if spec is None:
+                raise ModelLoadError(
+                    f"in ensemble '{name}', {step.label}: ensemble tensor '{tensor}' is mapped from "
+                    f"non-existing output '{model_output}' in model {step.model_name}"
+                )
+            merge(step, tensor, _Node(source, spec.data_type, *_dims(spec.dims, step_batching)))

@@ -1,0 +1,265 @@
+"""Triton's rate limiter (``--rate-limit=execution_count``): instances execute only when their resources are free.
+
+Neighbours: ``factory.create_scheduler`` wraps a model's ``InstancePool`` in a ``RateLimitedPool``
+when the engine runs with rate limiting; every scheduler then acquires instances through it
+unchanged (``try_acquire`` / ``acquire`` / ``release``; the dynamic batcher also registers with
+``notify_when_available``). One ``RateLimiter`` per engine (``limiter_for``) is shared by all models.
+
+Semantics (Triton's rate_limiter.md):
+
+- ``instance_group { rate_limiter { resources [{name, global, count}], priority } }``: an instance
+  holds ``count`` copies of each resource while it executes; without resources it always may run;
+- copies available per device (``global: true``: one pool for the whole server); by default as
+  many as the most any loaded instance needs; ``--rate-limit-resource=<name>:<count>[:<device>]``
+  sets them explicitly (an instance needing more than that fails to load);
+- when resources are freed, waiting model instances are served by ``priority`` x executions so
+  far (lower first): priority 2 gets half the turns of priority 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from serving_pod.core.errors import ModelLoadError
+from serving_pod.schedulers.instances import InstancePool
+
+Key = tuple[Any, str]  # ("global" | device id, resource name)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSetting:
+    """One ``--rate-limit-resource``: copies of ``name`` on ``device`` (None: every device)."""
+
+    name: str
+    count: int
+    device: int | None = None
+
+
+def parse_resource(value: str) -> ResourceSetting:
+    """``<name>:<count>[:<device>]`` -> ResourceSetting; ValueError with the reason otherwise."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(f"invalid rate limit resource '{value}': expected <name>:<count>[:<device>]")
+    try:
+        count = int(parts[1])
+        device = int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ValueError(
+            f"invalid rate limit resource '{value}': count and device must be integers"
+        ) from None
+    if count < 0 or (device is not None and device < 0):
+        raise ValueError(f"invalid rate limit resource '{value}': count and device must be >= 0")
+    return ResourceSetting(parts[0], count, device)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one instance holds while executing: (key, copies) pairs."""
+
+    needs: tuple[tuple[Key, int], ...]
+    priority: int = 1
+
+
+class RateLimiter:
+    """Resource copies shared by every model instance of one engine."""
+
+    def __init__(self, settings: tuple[ResourceSetting, ...] = ()) -> None:
+        self._explicit = {(s.name, s.device): s.count for s in settings}
+        self._demands: dict[Key, list[int]] = {}
+        self._in_use: dict[Key, int] = {}
+        self._wanting: dict[RateLimitedPool, None] = {}
+
+    def capacity(self, key: Key) -> int:
+        scope, name = key
+        if scope != "global" and (name, scope) in self._explicit:
+            return self._explicit[(name, scope)]
+        if (name, None) in self._explicit:
+            return self._explicit[(name, None)]
+        return max(self._demands.get(key) or [0])
+
+    def register(self, instance: str, demand: Demand) -> None:
+        for key, count in demand.needs:
+            self._demands.setdefault(key, []).append(count)
+        for key, count in demand.needs:
+            if count > self.capacity(key):
+                self.unregister(demand)
+                where = "globally" if key[0] == "global" else f"on device {key[0]}"
+                raise ModelLoadError(
+                    f"instance '{instance}' needs {count} of rate limiter resource '{key[1]}' but "
+                    f"only {self.capacity(key)} are available {where} (--rate-limit-resource)"
+                )
+
+    def unregister(self, demand: Demand) -> None:
+        for key, count in demand.needs:
+            counts = self._demands.get(key)
+            if counts and count in counts:
+                counts.remove(count)
+
+    def in_use(self, key: Key) -> int:
+        return self._in_use.get(key, 0)
+
+    def grantable(self, demand: Demand) -> bool:
+        for key, count in demand.needs:
+            if self._in_use.get(key, 0) + count > self.capacity(key):
+                return False
+        return True
+
+    def take(self, demand: Demand) -> None:
+        for key, count in demand.needs:
+            self._in_use[key] = self._in_use.get(key, 0) + count
+
+    def give(self, demand: Demand) -> None:
+        """Return ``demand``'s copies and let waiting pools take turns, lowest scaled priority first."""
+        for key, count in demand.needs:
+            self._in_use[key] -= count
+        if self._wanting:
+            for pool in sorted(self._wanting, key=RateLimitedPool.scaled_priority):
+                if not pool.serve():
+                    self._wanting.pop(pool, None)
+
+    def want(self, pool: "RateLimitedPool") -> None:
+        self._wanting[pool] = None
+
+
+class RateLimitedPool:
+    """An ``InstancePool`` whose instances are idle only when their resources can be granted."""
+
+    def __init__(self, inner: InstancePool, limiter: RateLimiter, demands: list[Demand]) -> None:
+        self.inner = inner
+        self.limiter = limiter
+        self.demands = demands
+        self.priority = min((d.priority for d in demands), default=1)
+        self.exec_count = 0
+        self._idle: deque[int] = deque(range(len(inner)))
+        self._waiters: deque[asyncio.Future] = deque()
+        self._listeners: list[Callable[[], None]] = []
+        # what schedulers use besides acquisition goes straight to the real pool
+        self.execute = inner.execute
+        self.stats = inner.stats
+        self.instances = inner.instances
+        self.names = inner.names
+        self.batch_size_of = inner.batch_size_of
+        self.charge = inner.charge
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def scaled_priority(self) -> int:
+        return self.exec_count * self.priority
+
+    def idle_count(self) -> int:
+        """Idle instances whose resources are free now (``try_acquire`` succeeds when > 0)."""
+        grantable = self.limiter.grantable
+        return sum(1 for index in self._idle if grantable(self.demands[index]))
+
+    def try_acquire(self) -> int | None:
+        for position, index in enumerate(self._idle):
+            demand = self.demands[index]
+            if self.limiter.grantable(demand):
+                del self._idle[position]
+                self.limiter.take(demand)
+                self.exec_count += 1
+                return index
+        return None
+
+    async def acquire(self) -> int:
+        index = self.try_acquire()
+        if index is not None:
+            return index
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self.limiter.want(self)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(future.result())  # granted just as the caller went away
+            raise
+
+    def release(self, index: int) -> None:
+        self._idle.append(index)
+        self.limiter.give(self.demands[index])  # serves this pool too when it waits
+
+    def notify_when_available(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once an instance of this pool can be acquired."""
+        self._listeners.append(callback)
+        self.limiter.want(self)
+
+    def serve(self) -> bool:
+        """Hand free instances to waiters and listeners; True while some are still waiting."""
+        waiters = self._waiters
+        while waiters:
+            if waiters[0].done():
+                waiters.popleft()
+                continue
+            index = self.try_acquire()
+            if index is None:
+                break
+            waiters.popleft().set_result(index)
+        if self._listeners and self.idle_count():
+            listeners, self._listeners = self._listeners, []
+            for callback in listeners:
+                callback()
+        return bool(self._waiters or self._listeners)
+
+    def close(self) -> None:
+        for demand in self.demands:
+            self.limiter.unregister(demand)
+        self.inner.close()
+
+
+def demands_of(config: Any) -> list[tuple[str, Demand]]:
+    """(instance name, Demand) per instance, in the order the registry creates instances."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    result: list[tuple[str, Demand]] = []
+    for group in config.instance_group:
+        gpu = group.kind == mc.ModelInstanceGroup.KIND_GPU
+        limits = group.rate_limiter
+        for device in (list(group.gpus) or [0]) if gpu else [0]:
+            needs = tuple(
+                (("global" if getattr(resource, "global") else device, resource.name), resource.count)
+                for resource in limits.resources
+            )
+            for index in range(group.count):
+                result.append((f"{group.name}_{index}", Demand(needs, max(1, limits.priority))))
+    return result
+
+
+_limiters: "weakref.WeakKeyDictionary[Any, RateLimiter]" = weakref.WeakKeyDictionary()
+
+
+def limiter_for(engine: Any) -> RateLimiter | None:
+    """The engine's rate limiter, or None when it runs with ``--rate-limit=off``."""
+    options = getattr(engine, "options", None)
+    if options is None or getattr(options, "rate_limit", "off") == "off":
+        return None
+    limiter = _limiters.get(engine)
+    if limiter is None:
+        settings = tuple(parse_resource(value) for value in options.rate_limit_resources)
+        limiter = _limiters[engine] = RateLimiter(settings)
+    return limiter
+
+
+def rate_limited_pool(model: Any, pool: InstancePool, engine: Any) -> Any:
+    """``pool`` behind the engine's rate limiter (and set as ``model.pool``), or ``pool`` as it is."""
+    limiter = limiter_for(engine)
+    if limiter is None:
+        return pool
+    named = demands_of(model.config)
+    registered: list[Demand] = []
+    try:
+        for name, demand in named:
+            limiter.register(name, demand)
+            registered.append(demand)
+    except ModelLoadError:
+        for demand in registered:
+            limiter.unregister(demand)
+        raise
+    limited = RateLimitedPool(pool, limiter, [demand for _, demand in named])
+    model.pool = limited
+    return limited

@@ -1,0 +1,396 @@
+"""Triton's sequence batcher: stateful models, one sequence per instance slot, direct and oldest strategies.
+
+Neighbours: ``sequence_config.py`` parses ``sequence_batching`` and builds the control / state
+tensors; ``instances.InstancePool`` runs the batches. The engine hands every request of a
+sequence model to ``SequenceScheduler.submit``.
+
+How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio):
+
+- Each instance has ``slots_per_instance`` sequence slots (direct: one per batch index; oldest:
+  ``max_candidate_sequences``). A request with ``sequence_start`` takes a free slot (or waits in the
+  backlog until one frees) and every later request of that sequence goes to the same slot, so a
+  sequence always lands on the same instance and batch index. A slot is released when the request
+  with ``sequence_end`` is taken for execution, or when the sequence idled longer than
+  ``max_sequence_idle_microseconds`` (a later request then gets Triton's "must specify the START
+  flag" error).
+- One lane task per instance forms a batch from the heads of its slots (at most one request per
+  sequence per batch, so a sequence runs in order) and executes it. Direct: slots in index order,
+  empty slots below the highest busy one get a null request with READY=0. Oldest: the oldest heads
+  first, up to ``max_batch_size``, waiting up to ``max_queue_delay_microseconds`` for a fuller
+  (or preferred-size) batch.
+- Control inputs START / END / READY / CORRID and implicit-state inputs are added to each request;
+  the state outputs of a response are kept for the sequence's next request and removed from the
+  response the client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import OrderedDict, deque
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, UnavailableError
+from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from serving_pod.schedulers import instances as instances_module
+from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
+
+log = logging.getLogger("ferry.sequence")
+
+_EXPIRED_MEMORY = 4096  # how many idle-released sequence ids are remembered for a clearer error
+
+
+class _Pending:
+    __slots__ = ("request", "future", "start", "end", "enqueue_ns")
+
+    def __init__(self, request: InferRequest, future: asyncio.Future, start: bool, end: bool, now: int) -> None:
+        self.request, self.future, self.start, self.end, self.enqueue_ns = request, future, start, end, now
+
+
+class _Sequence:
+    """One live sequence: its queue of requests, its slot and its implicit state."""
+
+    __slots__ = ("key", "queue", "lane", "slot", "states", "last_ns", "busy")
+
+    def __init__(self, key: SequenceKey, now: int) -> None:
+        self.key = key
+        self.queue: deque[_Pending] = deque()
+        self.lane: int | None = None
+        self.slot = -1
+        self.states: dict[str, np.ndarray] | None = None
+        self.last_ns = now
+        self.busy = False
+
+
+class _Lane:
+    """The sequence slots of one instance and the task that executes their batches."""
+
+    __slots__ = ("index", "slots", "wake", "task")
+
+    def __init__(self, index: int, slots: int) -> None:
+        self.index = index
+        self.slots: list[_Sequence | None] = [None] * slots
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+
+class SequenceScheduler:
+    """Scheduler of a model with ``sequence_batching``."""
+
+    def __init__(
+        self,
+        model: Any,
+        pool: InstancePool,
+        *,
+        model_dir: Path | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.spec = spec = parse_sequence_config(model.config, model_dir)
+        self.clock = clock
+        self._lanes = [_Lane(index, spec.slots_per_instance) for index in range(len(pool))]
+        # free slots as (slot, lane): new sequences spread over instances before filling batch slots
+        self._free = [(slot, lane) for slot in range(spec.slots_per_instance) for lane in range(len(pool))]
+        heapq.heapify(self._free)
+        self._active: dict[SequenceKey, _Sequence] = {}
+        self._backlog: deque[_Sequence] = deque()
+        self._expired: OrderedDict[SequenceKey, None] = OrderedDict()
+        self._pending = 0
+        self._busy = 0
+        self._closing = False
+        self._reaper: asyncio.Task | None = None
+        self._state_by_output = {state.output_name: state.input_name for state in spec.states}
+        self._outputs_with_state = [o.name for o in model.config.output] + [
+            name for name in self._state_by_output if name not in {o.name for o in model.config.output}
+        ]
+
+    # --- Scheduler protocol ------------------------------------------------------------------
+    def pending(self) -> int:
+        return self._pending
+
+    async def submit(self, request: InferRequest) -> InferResponse:
+        if self._closing:
+            raise UnavailableError(f"model '{request.model_name}' is unloading")
+        spec = self.spec
+        key, start, end = spec.sequence_of(request.parameters)
+        if spec.batching and request.inputs and request.inputs[0].data.shape[0] != 1:
+            raise InvalidArgumentError(
+                f"inference request to model '{request.model_name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
+        self._ensure_started()
+        now = self.clock()
+        sequence = self._active.get(key)
+        if sequence is None:
+            if not start:
+                raise InvalidArgumentError(self._no_start_message(key))
+            self._expired.pop(key, None)
+            sequence = self._active[key] = _Sequence(key, now)
+            self._place(sequence)
+        elif start:
+            log.warning(
+                "sequence %s for model '%s' has a conflict. The previous sequence did not end before "
+                "this sequence start. Previous sequence will be terminated early.", key, spec.model_name,
+            )
+        sequence.last_ns = now
+        future = asyncio.get_running_loop().create_future()
+        sequence.queue.append(_Pending(request, future, start, end, now))
+        if end:
+            # a later START with the same id begins a new sequence (Triton forgets the id here)
+            del self._active[key]
+        self._pending += 1
+        if sequence.lane is not None:
+            self._lanes[sequence.lane].wake.set()
+        return await future
+
+    async def drain(self) -> None:
+        """Stop accepting, finish what slotted sequences have queued, fail what waits in the backlog."""
+        self._closing = True
+        while self._busy or any(s is not None and s.queue for lane in self._lanes for s in lane.slots):
+            await asyncio.sleep(0.005)
+        for sequence in self._backlog:
+            self._fail_queue(sequence, UnavailableError(f"model '{self.spec.model_name}' is unloading"))
+        self._backlog.clear()
+        for task in [lane.task for lane in self._lanes] + [self._reaper]:
+            if task is not None:
+                task.cancel()
+
+    # --- slots -------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        if self._reaper is not None:
+            return
+        for lane in self._lanes:
+            lane.task = asyncio.create_task(self._run_lane(lane), name=f"sequence-lane-{lane.index}")
+        self._reaper = asyncio.create_task(self._reap(), name=f"sequence-reaper-{self.spec.model_name}")
+
+    def _place(self, sequence: _Sequence) -> None:
+        if self._free:
+            slot, lane = heapq.heappop(self._free)
+            self._assign(sequence, lane, slot)
+        else:
+            self._backlog.append(sequence)
+
+    def _assign(self, sequence: _Sequence, lane: int, slot: int) -> None:
+        sequence.lane, sequence.slot = lane, slot
+        self._lanes[lane].slots[slot] = sequence
+        self._lanes[lane].wake.set()
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Free the sequence's slot: the oldest backlogged sequence takes it, else it becomes free."""
+        lane, slot = sequence.lane, sequence.slot
+        if lane is None:
+            return
+        self._lanes[lane].slots[slot] = None
+        sequence.lane, sequence.slot = None, -1
+        if self._active.get(sequence.key) is sequence:
+            del self._active[sequence.key]
+        if self._backlog:
+            self._assign(self._backlog.popleft(), lane, slot)
+        else:
+            heapq.heappush(self._free, (slot, lane))
+
+    def _no_start_message(self, key: SequenceKey) -> str:
+        message = (
+            f"inference request for sequence {key} to model '{self.spec.model_name}' must specify the "
+            "START flag on the first request of the sequence"
+        )
+        if key in self._expired:
+            idle_us = self.spec.idle_ns // 1000
+            message += f" (sequence {key} was released after being idle for more than {idle_us} us)"
+        return message
+
+    async def _reap(self) -> None:
+        """Release sequences idle longer than ``max_sequence_idle_microseconds``."""
+        interval = min(max(self.spec.idle_ns / 1e9 / 10, 0.005), 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            now = self.clock()
+            for lane in self._lanes:
+                for sequence in lane.slots:
+                    if (
+                        sequence is not None
+                        and not sequence.queue
+                        and not sequence.busy
+                        and now - sequence.last_ns >= self.spec.idle_ns
+                    ):
+                        log.info("sequence %s of model '%s' idle: released", sequence.key, self.spec.model_name)
+                        self._expired[sequence.key] = None
+                        while len(self._expired) > _EXPIRED_MEMORY:
+                            self._expired.popitem(last=False)
+                        self._release(sequence)
+
+    # --- batches -----------------------------------------------------------------------------
+    async def _run_lane(self, lane: _Lane) -> None:
+        while True:
+            lane.wake.clear()
+            picks = self._heads(lane)
+            if not picks:
+                await lane.wake.wait()
+                continue
+            wait_ns = self._delay_left(picks)
+            if wait_ns > 0:
+                try:
+                    await asyncio.wait_for(lane.wake.wait(), wait_ns / 1e9)
+                except asyncio.TimeoutError:
+                    pass
+                if self._delay_left(self._heads(lane)) > 0:
+                    continue
+                picks = self._heads(lane)
+            if self.spec.strategy == "oldest":
+                picks.sort(key=lambda pick: pick[1].queue[0].enqueue_ns)
+                picks = picks[: max(1, self.spec.max_batch_size)]
+            taken = [(slot, sequence, sequence.queue.popleft()) for slot, sequence in picks]
+            self._pending -= len(taken)
+            self._busy += 1
+            try:
+                await self._execute(lane, taken)
+            except Exception as exc:  # a scheduler bug must fail these requests, not stop the lane
+                log.exception("sequence batch of model '%s' failed", self.spec.model_name)
+                for _, _, pending in taken:
+                    if not pending.future.done():
+                        pending.future.set_exception(InternalError(f"{type(exc).__name__}: {exc}"))
+            finally:
+                self._busy -= 1
+
+    def _heads(self, lane: _Lane) -> list[tuple[int, _Sequence]]:
+        """(slot, sequence) of every slot whose sequence has a request ready; drops cancelled ones."""
+        picks = []
+        for slot, sequence in enumerate(lane.slots):
+            if sequence is None:
+                continue
+            queue = sequence.queue
+            while queue and queue[0].future.done():  # the client went away before it ran
+                dropped = queue.popleft()
+                self._pending -= 1
+                if dropped.end:
+                    self._release(sequence)
+            if queue and sequence.lane == lane.index:
+                picks.append((slot, sequence))
+        return picks
+
+    def _delay_left(self, picks: list[tuple[int, _Sequence]]) -> int:
+        """Nanoseconds to wait for a fuller batch (0: run now)."""
+        spec = self.spec
+        if not picks or not spec.queue_delay_ns:
+            return 0
+        count = len(picks)
+        if spec.strategy == "direct":
+            if not spec.minimum_slot_utilization or count / max(1, spec.max_batch_size) >= spec.minimum_slot_utilization:
+                return 0
+        elif count >= max(1, spec.max_batch_size) or count in spec.preferred_batch_sizes:
+            return 0
+        oldest = min(sequence.queue[0].enqueue_ns for _, sequence in picks)
+        return max(0, spec.queue_delay_ns - (self.clock() - oldest))
+
+    async def _execute(self, lane: _Lane, taken: list[tuple[int, _Sequence, _Pending]]) -> None:
+        spec = self.spec
+        prepared = [(slot, self._prepare(sequence, pending)) for slot, sequence, pending in taken]
+        for _, sequence, pending in taken:
+            sequence.busy = True
+            if pending.end:
+                self._release(sequence)  # as Triton: the slot frees when END is taken into a batch
+        requests = [request for _, request in prepared]
+        padded = False
+        if spec.strategy == "direct" and spec.batching:
+            by_slot = dict(prepared)
+            top = max(by_slot)
+            if len(by_slot) <= top:
+                padded = True
+                template = requests[0]
+                requests = [by_slot.get(slot) or self._null_request(template) for slot in range(top + 1)]
+        try:
+            if padded:
+                real = {id(request) for _, request in prepared}
+                results = await self._execute_padded(lane.index, requests, real)
+            else:
+                results = await self.pool.execute(lane.index, requests)
+        finally:
+            now = self.clock()
+            for _, sequence, _ in taken:
+                sequence.busy = False
+                sequence.last_ns = now
+        by_request = {id(request): result for request, result in zip(requests, results)}
+        for (_, sequence, pending), (_, request) in zip(taken, prepared):
+            self._deliver(sequence, pending, by_request[id(request)])
+
+    def _prepare(self, sequence: _Sequence, pending: _Pending) -> InferRequest:
+        """The request as the model sees it: controls and implicit state added."""
+        spec = self.spec
+        request = pending.request
+        inputs = list(request.inputs)
+        inputs.extend(spec.control_tensors(pending.start, pending.end, True, sequence.key))
+        outputs = request.outputs
+        if spec.states:
+            if pending.start or sequence.states is None:
+                sequence.states = spec.initial_states()
+            for state in spec.states:
+                inputs.append(Tensor(state.input_name, state.datatype, sequence.states[state.input_name]))
+            names = self._outputs_with_state if outputs is None else [o.name for o in outputs]
+            outputs = [RequestedOutput(name) for name in names]
+            outputs.extend(RequestedOutput(name) for name in self._state_by_output if name not in names)
+        return InferRequest(
+            request.model_name, request.model_version, inputs, outputs, request.id,
+            request.parameters, request.arrival_ns, request.responder, request.cancelled,
+        )
+
+    def _null_request(self, template: InferRequest) -> InferRequest:
+        """A READY=0 filler for an empty direct slot, shaped like ``template``."""
+        spec = self.spec
+        controls = {t.name: t for t in spec.control_tensors(False, False, False, 0)}
+        initial = spec.initial_states()
+        inputs = []
+        for tensor in template.inputs:
+            if tensor.name in controls:
+                inputs.append(controls[tensor.name])
+            elif tensor.name in initial:
+                inputs.append(Tensor(tensor.name, tensor.datatype, initial[tensor.name]))
+            elif tensor.data.dtype == np.object_:
+                inputs.append(Tensor(tensor.name, tensor.datatype, np.full(tensor.data.shape, b"", np.object_)))
+            else:
+                inputs.append(Tensor(tensor.name, tensor.datatype, np.zeros_like(tensor.data)))
+        return InferRequest(template.model_name, template.model_version, inputs, template.outputs)
+
+    async def _execute_padded(self, index: int, requests: list[InferRequest], real: set[int]) -> list[Any]:
+        """Execute a batch holding null requests, charging statistics for the real requests only."""
+        pool = self.pool
+        loop = asyncio.get_running_loop()
+        dispatch_ns = time.monotonic_ns()
+        # TODO(lead): InstancePool.execute could take a "charge only these" mask instead.
+        results, start_ns, end_ns = await loop.run_in_executor(
+            pool._executors[index], instances_module._run, pool.instances[index], requests
+        )
+        done_ns = time.monotonic_ns()
+        keep = [i for i, request in enumerate(requests) if id(request) in real]
+        pool.charge([requests[i] for i in keep], [results[i] for i in keep], dispatch_ns, start_ns, end_ns, done_ns)
+        return results
+
+    def _deliver(self, sequence: _Sequence, pending: _Pending, result: Any) -> None:
+        if isinstance(result, InferResponse) and self._state_by_output:
+            kept = []
+            for tensor in result.outputs:
+                input_name = self._state_by_output.get(tensor.name)
+                if input_name is None:
+                    kept.append(tensor)
+                elif sequence.states is not None:
+                    sequence.states[input_name] = tensor.data
+            result.outputs = kept
+        if pending.future.done():
+            return
+        if isinstance(result, ServerError):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
+
+    def _fail_queue(self, sequence: _Sequence, error: ServerError) -> None:
+        while sequence.queue:
+            pending = sequence.queue.popleft()
+            self._pending -= 1
+            if not pending.future.done():
+                pending.future.set_exception(error)

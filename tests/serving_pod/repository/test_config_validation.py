@@ -1,0 +1,84 @@
+"""config.pbtxt parsing into Triton's ModelConfig, Triton's defaults, and validation errors that name the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving_pod.core.errors import ModelLoadError
+from serving_pod.repository.config import config_to_dict, parse_config_text
+from serving_pod.repository.prepare import prepare_config
+from support.server import test_model_config, write_model
+
+
+def test_parses_into_triton_model_config(tmp_path):
+    model_dir = write_model(tmp_path, "m", test_model_config("m", extra="dynamic_batching { max_queue_delay_microseconds: 100 preferred_batch_size: [ 2, 4 ] }"))
+    config, backend, versions = prepare_config("m", model_dir)
+    assert backend == "ferry_test" and versions == [1]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
+    # Triton's defaults: one CPU instance group named <model>_0
+    (group,) = config.instance_group
+    assert (group.name, group.count, group.kind) == ("m_0", 1, 2)
+    data = config_to_dict(config)
+    assert data["max_batch_size"] == 8 and isinstance(data["dynamic_batching"]["max_queue_delay_microseconds"], int)
+
+
+def test_config_name_defaults_to_the_folder(tmp_path):
+    model_dir = write_model(tmp_path, "folder_name", test_model_config("folder_name").replace('name: "folder_name"', ""))
+    config, _, _ = prepare_config("folder_name", model_dir)
+    assert config.name == "folder_name"
+
+
+BAD_CONFIGS = {
+    "syntax": ("input [ { name: ", "failed to parse config.pbtxt of model 'bad'"),
+    "unknown data type": (test_model_config("bad", "TYPE_FLOAT99"), "failed to parse config.pbtxt of model 'bad'"),
+    "invalid data type": (test_model_config("bad", "TYPE_INVALID"), "model 'bad': input 'INPUT0' has invalid data_type TYPE_INVALID"),
+    "zero dim": (test_model_config("bad", dims="[ 0 ]"), "model 'bad': input 'INPUT0' has invalid dims [0]"),
+    "negative dim": (test_model_config("bad", dims="[ -2 ]"), "model 'bad': input 'INPUT0' has invalid dims [-2]"),
+    "negative batch": (test_model_config("bad", max_batch_size=-1), "model 'bad': max_batch_size must be >= 0, got -1"),
+    "preferred above max": (test_model_config("bad", extra="dynamic_batching { preferred_batch_size: [ 16 ] }"),
+                            "model 'bad': preferred batch size 16 must be in 1..max_batch_size (8)"),
+    "priority default out of range": (test_model_config("bad", extra="dynamic_batching { priority_levels: 2 default_priority_level: 3 }"),
+                                      "default_priority_level 3 must be in 1..priority_levels (2)"),
+    "name mismatch": (test_model_config("other"), "model name 'other' in config.pbtxt does not match the model directory 'bad'"),
+    "no outputs": ('name: "bad"\nbackend: "ferry_test"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]', "model 'bad' must specify at least one output"),
+    "duplicate input": (test_model_config("bad").replace("input [ {", 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, {'),
+                        "model 'bad': duplicate input name 'INPUT0'"),
+    "unknown platform": ('name: "bad"\nplatform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef' for model 'bad'"),
+    "unknown backend": ('name: "bad"\nbackend: "nope"', "unable to find backend 'nope'"),
+    "no backend at all": ('name: "bad"', "unable to find backend for model 'bad'"),
+    "both batchers": (test_model_config("bad", extra="dynamic_batching { }\nsequence_batching { }"),
+                      'Field "sequence_batching" is specified along with field "dynamic_batching"'),
+    "bad reshape": (test_model_config("bad").replace("dims: [ 4 ] }", "dims: [ 4 ] reshape: { shape: [ 3 ] } }", 1),
+                    "reshape [3] has a different element count than dims [4]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_configs_name_the_model_and_the_problem(tmp_path, case):
+    text, fragment = BAD_CONFIGS[case]
+    model_dir = write_model(tmp_path, "bad", text)
+    with pytest.raises(ModelLoadError) as info:
+        prepare_config("bad", model_dir)
+    assert fragment in str(info.value)
+
+
+def test_missing_version_folder_and_missing_model_file(tmp_path):
+    model_dir = write_model(tmp_path, "noversion", test_model_config("noversion"), versions=())
+    with pytest.raises(ModelLoadError, match="model 'noversion' has no numeric version folder"):
+        prepare_config("noversion", model_dir)
+    onnx_dir = write_model(tmp_path, "nofile", 'name: "nofile"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+                           'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
+    with pytest.raises(ModelLoadError, match=r"model 'nofile' version 1: model file .*model.onnx not found"):
+        prepare_config("nofile", onnx_dir, autocomplete=False)
+
+
+def test_specific_version_policy_naming_a_missing_folder(tmp_path):
+    model_dir = write_model(tmp_path, "v", test_model_config("v", extra="version_policy { specific { versions: [ 4 ] } }"))
+    with pytest.raises(ModelLoadError, match=r"names version\(s\) \[4\]"):
+        prepare_config("v", model_dir)
+
+
+def test_parse_config_text_reports_the_line():
+    with pytest.raises(ModelLoadError, match=r"'m'.*1:"):
+        parse_config_text("max_batch_size: oops", "m")
