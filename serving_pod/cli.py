@@ -13,6 +13,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from serving_pod import cli_extensions
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
 
@@ -60,6 +61,33 @@ def _backend_config(value: str) -> tuple[str, str, str]:
     return backend, key, val
 
 
+def _cache_config(value: str) -> tuple[str, str, str]:
+    """``<cache>,<key>=<value>`` (tritonserver's form; Ferry has the ``local`` cache)."""
+    from serving_pod.cache import cache_capacity
+
+    cache, _, setting = value.partition(",")
+    key, sep, val = setting.partition("=")
+    if not cache or not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"invalid --cache-config '{value}': expected <cache>,<key>=<value> (e.g. local,size=1048576)"
+        )
+    try:
+        cache_capacity({cache: {key: val}})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid --cache-config '{value}': {exc}") from None
+    return cache, key, val
+
+
+def _rate_limit_resource(value: str) -> str:
+    from serving_pod.schedulers.rate_limiter import parse_resource
+
+    try:
+        parse_resource(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ferry-server",
@@ -93,11 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--strict-model-config", type=_bool, default=None,
         help="deprecated tritonserver flag: true is --disable-auto-complete-config")
     add("--backend-config", action="append", default=[], type=_backend_config)
+    add("--cache-config", action="append", default=[], type=_cache_config,
+        help="response cache: local,size=<bytes> (models opt in with response_cache { enable: true })")
+    add("--response-cache-byte-size", type=_non_negative(int), default=None,
+        help="deprecated tritonserver flag: same as --cache-config local,size=<bytes>")
+    add("--rate-limit", choices=["off", "execution_count"], default="off")
+    add("--rate-limit-resource", action="append", default=[], type=_rate_limit_resource,
+        help="<name>:<count>[:<device>] copies of a rate limiter resource (repeatable)")
     add("--log-verbose", type=_non_negative(int), default=0)
     add("--log-info", type=_bool, default=True)
     add("--log-warning", type=_bool, default=True)
     add("--log-error", type=_bool, default=True)
     add("--log-format", choices=["default", "ISO8601"], default="default")
+    cli_extensions.add_arguments(parser)
     return parser
 
 
@@ -106,11 +142,17 @@ def default_repository() -> str:
     return str(Path(str(resources.files("serving_pod") / "default_models")))
 
 
-def options_from_args(args: argparse.Namespace) -> ServerOptions:
+def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ServerOptions:
+    engine_extra, server_extra = cli_extensions.apply(parser or build_parser(), args)
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
+    cache_config: dict[str, dict[str, str]] = {}
+    if args.response_cache_byte_size is not None:
+        cache_config.setdefault("local", {})["size"] = str(args.response_cache_byte_size)
+    for cache, key, value in args.cache_config:
+        cache_config.setdefault(cache, {})[key] = value
     engine = EngineOptions(
         model_repositories=tuple(args.model_repository or [default_repository()]),
         model_control_mode=args.model_control_mode,
@@ -121,6 +163,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         autocomplete=autocomplete,
         backend_config=backend_config,
         server_id=args.id,
+        cache_config=cache_config,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=tuple(args.rate_limit_resource),
+        **engine_extra,
     )
     return ServerOptions(
         engine=engine,
@@ -141,20 +187,18 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
+        **server_extra,
     )
 
 
 def configure_logging(options: ServerOptions) -> None:
-    level = logging.DEBUG if options.log_verbose else logging.INFO
-    if not options.log_info:
-        level = logging.WARNING if options.log_warning else logging.ERROR
-    fmt = (
-        "%(asctime)s.%(msecs)03dZ %(levelname).1s %(name)s] %(message)s"
-        if options.log_format == "ISO8601"
-        else "%(levelname).1s%(asctime)s %(name)s] %(message)s"
-    )
-    datefmt = "%Y-%m-%dT%H:%M:%S" if options.log_format == "ISO8601" else "%m%d %H:%M:%S"
-    logging.basicConfig(level=level, format=fmt, datefmt=datefmt, stream=sys.stderr)
+    """Install the root log handler (stderr or --log-file) whose settings /v2/logging changes."""
+    from serving_pod.logging_settings import LogSettings
+
+    LogSettings(
+        file=options.log_file, info=options.log_info, warning=options.log_warning,
+        error=options.log_error, verbose=options.log_verbose, format=options.log_format,
+    ).install()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         from serving_pod.storage.cli import main as download_main
 
         return download_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    options = options_from_args(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    options = options_from_args(args, parser)
     configure_logging(options)
     return run(options, exit_on_error=args.exit_on_error)
 

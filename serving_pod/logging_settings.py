@@ -112,3 +112,12 @@ class LogSettings(logging.Filter):
         root.setLevel(logging.DEBUG if self.verbose else logging.INFO)
         self.handler = handler
         self.apply()
+
+
+def installed_log_settings() -> LogSettings | None:
+    """The settings whose handler ``install`` put on the root logger, if any."""
+    for handler in logging.getLogger().handlers:
+        for item in handler.filters:
+            if isinstance(item, LogSettings):
+                return item
+    return None

@@ -7,6 +7,17 @@ from dataclasses import dataclass, field
 from serving_pod.core.engine import EngineOptions
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+GRPC_MAX_MESSAGE_SIZE = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """Server certificate and key files; ``ca`` (root certificates) and ``mutual`` for client certs."""
+
+    cert: str
+    key: str
+    ca: str = ""
+    mutual: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +42,16 @@ class ServerOptions:
     log_info: bool = True
     log_warning: bool = True
     log_error: bool = True
+    log_file: str = ""
+    #: restricted API groups -> ``security.Restriction`` (``--http-restricted-api``)
+    http_restrictions: dict = field(default_factory=dict)
+    #: restricted protocol groups -> ``security.Restriction`` (``--grpc-restricted-protocol``)
+    grpc_restrictions: dict = field(default_factory=dict)
+    http_tls: TlsOptions | None = None
+    grpc_tls: TlsOptions | None = None
+    #: bytes of request headers (request line included) one HTTP request may send
+    http_max_header_size: int = 64 * 1024
+    #: seconds a client may take to send one whole HTTP request (slow clients are disconnected)
+    http_read_timeout_secs: float = 60.0
+    grpc_max_message_size: int = GRPC_MAX_MESSAGE_SIZE
+    grpc_max_metadata_size: int = 64 * 1024

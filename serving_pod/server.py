@@ -18,6 +18,7 @@ import uvicorn
 
 from serving_pod.core.engine import Engine
 from serving_pod.http.app import create_app
+from serving_pod.logging_settings import LogSettings, installed_log_settings
 from serving_pod.metrics import build_registry, render
 from serving_pod.options import ServerOptions
 
@@ -33,12 +34,13 @@ def bind_socket(address: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: Any) -> uvicorn.Server:
+def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         loop="none",
         lifespan="off",
-        http="httptools",
+        http=http,
+        **extra,
         log_level="warning",
         access_log=False,
         timeout_keep_alive=75,
@@ -67,12 +69,51 @@ def metrics_app(registry: Any):
     return app
 
 
+def http_transport(options: ServerOptions) -> dict[str, Any]:
+    """uvicorn settings for the HTTP endpoint: limits-enforcing protocol, and TLS when configured."""
+    import ssl
+
+    from serving_pod.http.limits import guarded_protocol
+
+    settings: dict[str, Any] = {"http": guarded_protocol(
+        max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs
+    )}
+    tls = options.http_tls
+    if tls is not None:
+        settings.update(
+            ssl_certfile=tls.cert,
+            ssl_keyfile=tls.key,
+            ssl_ca_certs=tls.ca or None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls.mutual else ssl.CERT_NONE,
+        )
+    return settings
+
+
+def grpc_credentials(tls: Any) -> Any:
+    """``grpc.ServerCredentials`` for TLS (mutual TLS requires the client certificate)."""
+    import grpc
+
+    def read(path: str) -> bytes:
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    return grpc.ssl_server_credentials(
+        [(read(tls.key), read(tls.cert))],
+        root_certificates=read(tls.ca) if tls.ca else None,
+        require_client_auth=tls.mutual,
+    )
+
+
 class FerryServer:
     """Engine + HTTP + gRPC + metrics endpoints, started and stopped together."""
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.engine = Engine(options.engine)
+        self.engine.log_settings = installed_log_settings() or LogSettings(
+            file=options.log_file, info=options.log_info, warning=options.log_warning,
+            error=options.log_error, verbose=options.log_verbose, format=options.log_format,
+        )
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
@@ -88,14 +129,26 @@ class FerryServer:
         if options.allow_http:
             sock = bind_socket(options.http_address, options.http_port)
             self.http_port = sock.getsockname()[1]
-            self._http = _uvicorn(create_app(self.engine, max_input_size=options.http_max_input_size))
+            app = create_app(
+                self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions
+            )
+            self._http = _uvicorn(app, **http_transport(options))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
         if options.allow_grpc:
             from serving_pod.grpc.service import create_server
 
-            self._grpc = create_server(self.engine)
+            self._grpc = create_server(
+                self.engine,
+                restrictions=options.grpc_restrictions,
+                max_message_size=options.grpc_max_message_size,
+                max_metadata_size=options.grpc_max_metadata_size,
+            )
             host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
-            self.grpc_port = self._grpc.add_insecure_port(f"{host}:{options.grpc_port}")
+            address = f"{host}:{options.grpc_port}"
+            if options.grpc_tls is not None:
+                self.grpc_port = self._grpc.add_secure_port(address, grpc_credentials(options.grpc_tls))
+            else:
+                self.grpc_port = self._grpc.add_insecure_port(address)
             if self.grpc_port == 0:
                 raise OSError(f"failed to bind gRPC port {options.grpc_port} on {options.grpc_address}")
             await self._grpc.start()

@@ -143,12 +143,12 @@ class SharedMemoryManager:
         self.allow = allow
         self.regions: dict[str, Region] = {}
 
-    def _require_allowed(self) -> None:
+    def require_allowed(self) -> None:
         if not self.allow:
             raise UnsupportedError(DISABLED_MESSAGE)
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._require_allowed()
+        self.require_allowed()
         if not name:
             raise InvalidArgumentError("'region name' is necessary to register system shared memory region")
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, byte_size)):
@@ -158,7 +158,7 @@ class SharedMemoryManager:
         self.regions[name] = SystemRegion(name, key, offset, byte_size)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        self._require_allowed()
+        self.require_allowed()
         if not name:
             raise InvalidArgumentError("'region name' is necessary to register cuda shared memory region")
         if name in self.regions:
@@ -169,7 +169,7 @@ class SharedMemoryManager:
 
     def unregister(self, kind: str, name: str = "") -> None:
         """Unregister one region (unknown names are a no-op, as in Triton) or every region of ``kind``."""
-        self._require_allowed()
+        self.require_allowed()
         names = [name] if name else [n for n, r in self.regions.items() if r.kind == kind]
         for region_name in names:
             region = self.regions.get(region_name)

@@ -150,14 +150,13 @@ class Trace:
 class Tracer:
     """Global and per-model trace settings, sampling, and the trace sinks."""
 
-    def __init__(self, config: TraceConfig) -> None:
+    def __init__(self, config: TraceConfig, *, otel_tracer: Any = None) -> None:
         self.config = config
         self.models: dict[str, TraceConfig] = {}
         self.enabled = config.enabled
         self._seen: dict[str, int] = {}
         self._next_id = 1
-        self._lock = threading.Lock()
-        self._sink = TraceSink(config)
+        self._sink = TraceSink(config, otel_tracer=otel_tracer)
 
     def settings(self, model: str = "") -> dict[str, Any]:
         return self.models.get(model, self.config).as_dict() if model else self.config.as_dict()
@@ -209,15 +208,15 @@ _FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", 
 class TraceSink:
     """Writes finished traces: a JSON array file (rotated every ``log_frequency`` traces) or OTel spans."""
 
-    def __init__(self, config: TraceConfig) -> None:
+    def __init__(self, config: TraceConfig, *, otel_tracer: Any = None) -> None:
         self.file = config.file
         self.mode = config.mode
         self._buffer: list[dict[str, Any]] = []
         self._written: list[dict[str, Any]] = []
         self._index = 0
         self._lock = threading.Lock()
-        self._otel: Any = None
-        if self.mode == "opentelemetry":
+        self._otel: Any = otel_tracer
+        if self.mode == "opentelemetry" and otel_tracer is None:
             self._otel = _otel_tracer(config)
 
     def write(self, trace: Trace, config: TraceConfig) -> None:

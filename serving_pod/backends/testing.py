@@ -33,6 +33,9 @@ def _param(config, key: str, default: str = "") -> str:
 class TestInstance:
     """Identity instance with an optional delay and failure trigger."""
 
+    #: never blocks on the engine: may run on the event loop when fast (schedulers/instances.py)
+    inline_safe = True
+
     def __init__(self, context: InstanceContext) -> None:
         config = context.config
         self.context = context

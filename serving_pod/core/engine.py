@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from serving_pod.core.errors import (
+    InternalError,
     InvalidArgumentError,
     ServerError,
     UnavailableError,
@@ -62,9 +64,34 @@ class EngineOptions:
     autocomplete: bool = True
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     server_id: str = "triton"
+    #: ``--cache-config <cache>,<key>=<value>`` settings by cache name (only "local": size=<bytes>)
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: ``--rate-limit``: "off" or "execution_count"
+    rate_limit: str = "off"
+    #: ``--rate-limit-resource`` values, ``<name>:<count>[:<device>]``
+    rate_limit_resources: tuple[str, ...] = ()
     #: client shared memory (register/unregister) is refused unless true (Triton 2.69+ default).
     allow_client_shm: bool = False
     trace: TraceConfig = field(default_factory=TraceConfig)
+
+
+class CancelFlag:
+    """``InferRequest.cancelled``: set once when the client goes away; read with ``is_set()``.
+
+    A plain flag (one writer, the event loop; readers poll) costs far less per request than a
+    ``threading.Event``, and offers the same ``set`` / ``is_set`` that models and BLS use.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
 
 
 class Engine:
@@ -82,6 +109,7 @@ class Engine:
         self.live = False
         self.shutting_down = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread = 0
         self._inflight = 0
         self._idle = asyncio.Event()
         self._poller: asyncio.Task | None = None
@@ -97,6 +125,7 @@ class Engine:
     async def start(self) -> None:
         """Load the initial models as the control mode says, then start polling if asked."""
         self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
         self._idle.set()
         self.live = True
         mode = self.options.model_control_mode
@@ -194,10 +223,15 @@ class Engine:
         if trace is not None:
             trace.stamp("QUEUE_START")
         request.model_version = model.version_str
+        if request.cancelled is None:
+            request.cancelled = CancelFlag()
         self._inflight += 1
         self._idle.clear()
         try:
             response = await model.scheduler.submit(request)
+        except asyncio.CancelledError:
+            request.cancelled.set()  # the client went away: a model still running can see it
+            raise
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -227,32 +261,52 @@ class Engine:
             loop.call_soon_threadsafe(queue.put_nowait, (item, final))
 
         request.responder = responder
+        if request.cancelled is None:
+            request.cancelled = CancelFlag()
         task = asyncio.create_task(self.infer(request))
+
+        def failed(done: asyncio.Task) -> None:
+            # a request refused before the model saw it (validation, unknown sequence...) has no
+            # responder call: its error ends the stream instead
+            if not done.cancelled() and done.exception() is not None:
+                error = done.exception()
+                if not isinstance(error, ServerError):
+                    error = InternalError(f"{type(error).__name__}: {error}")
+                queue.put_nowait((error, True))
+
+        task.add_done_callback(failed)
+        final = False
         try:
-            while True:
+            while not final:
                 item, final = await queue.get()
                 if isinstance(item, ServerError):
+                    final = True
                     raise item
                 if item is not None:
                     item.final = final
                     yield item
                 elif final:
                     yield InferResponse(request.model_name, model.version_str, [], request.id, final=True)
-                if final:
-                    break
-            await task
+            try:
+                await task  # the execution itself may end after its final response
+            except ServerError:
+                pass  # already delivered in the stream, or after the final response: nothing to add
         finally:
+            if not final:
+                request.cancelled.set()  # the consumer went away before the final response
             if not task.done():
                 task.cancel()
 
     def infer_from_thread(self, request: InferRequest) -> InferResponse:
         """Blocking inference from a model instance thread (python BLS)."""
         assert self.loop is not None
+        self._refuse_on_loop_thread()
         return asyncio.run_coroutine_threadsafe(self.infer(request), self.loop).result()
 
     def stream_from_thread(self, request: InferRequest):
         """Blocking iterator of a decoupled model's responses, from an instance thread (BLS)."""
         assert self.loop is not None
+        self._refuse_on_loop_thread()
         import queue as queue_module
 
         out: queue_module.Queue = queue_module.Queue()
@@ -275,6 +329,14 @@ class Engine:
             if isinstance(item, ServerError):
                 raise item
             yield item
+
+    def _refuse_on_loop_thread(self) -> None:
+        # Waiting here on the loop thread would deadlock: the call needs the loop to make progress.
+        if self.loop_thread == threading.get_ident():
+            raise InternalError(
+                "a blocking BLS call was made on the server's event loop thread; set the model's "
+                "parameter execution_mode to 'thread'"
+            )
 
     # --- statistics --------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
@@ -299,20 +361,52 @@ class Engine:
     ) -> None:
         self._check_explicit("load")
         if files:
-            from serving_pod.repository.overrides import materialize_override
+            from serving_pod.repository.overrides import discard_override, materialize_override
 
-            directory = materialize_override(name, files)
             if config is None:
                 raise InvalidArgumentError(
                     f"failed to load '{name}': a 'config' parameter is required with file overrides"
                 )
-            await self.registry.load(name, config_override=config, model_dir=directory)
+            directory = materialize_override(name, files)
+            try:
+                await self.registry.load(name, config_override=config, model_dir=directory)
+            except BaseException:
+                discard_override(directory)
+                raise
+            discard_override(self._override_dirs.pop(name, None))
+            self._override_dirs[name] = directory
             return
         await self.registry.load(name, config_override=config)
+        if name in self._override_dirs:
+            from serving_pod.repository.overrides import discard_override
+
+            discard_override(self._override_dirs.pop(name))
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit("unload")
         await self.registry.unload(name)
+
+    def _model_dir(self, model: Any) -> Any:
+        """The directory a loaded model came from (for its label files)."""
+        directory = getattr(model, "model_dir", None) or self._override_dirs.get(model.name)
+        if directory is None:
+            source = self.repository.scan()[0].get(model.name)
+            directory = source.path if source is not None else None
+        return directory
+
+    # --- trace and logging extensions --------------------------------------------------------
+    def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Current trace settings (global, or of ``model``), after applying ``changes`` if given."""
+        if model and model not in self.registry.entries:
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if changes:
+            return self.tracer.update(model, changes)
+        return self.tracer.settings(model)
+
+    def log_settings_update(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if changes:
+            return self.log_settings.update(changes)
+        return self.log_settings.as_dict()
 
     def _check_explicit(self, verb: str) -> None:
         if self.options.model_control_mode != "explicit":

@@ -7,9 +7,10 @@ Messages keep Triton's wording where Triton has one (clients and scripts match o
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import grpc
+if TYPE_CHECKING:  # grpc is imported lazily: isolated python model processes need not have grpcio
+    import grpc
 
 
 class ServerError(Exception):
@@ -59,15 +60,15 @@ class ModelLoadError(ServerError):
     code = "INVALID_ARG"
 
 
-#: code -> (HTTP status, gRPC status code). The only place these numbers live.
-STATUS_TABLE: dict[str, tuple[int, grpc.StatusCode]] = {
-    "INVALID_ARG": (400, grpc.StatusCode.INVALID_ARGUMENT),
-    "NOT_FOUND": (404, grpc.StatusCode.NOT_FOUND),
-    "UNAVAILABLE": (503, grpc.StatusCode.UNAVAILABLE),
-    "INTERNAL": (500, grpc.StatusCode.INTERNAL),
-    "UNSUPPORTED": (501, grpc.StatusCode.UNIMPLEMENTED),
-    "ALREADY_EXISTS": (409, grpc.StatusCode.ALREADY_EXISTS),
-    "CANCELLED": (499, grpc.StatusCode.CANCELLED),
+#: code -> (HTTP status, gRPC status code name). The only place these numbers live.
+STATUS_TABLE: dict[str, tuple[int, str]] = {
+    "INVALID_ARG": (400, "INVALID_ARGUMENT"),
+    "NOT_FOUND": (404, "NOT_FOUND"),
+    "UNAVAILABLE": (503, "UNAVAILABLE"),
+    "INTERNAL": (500, "INTERNAL"),
+    "UNSUPPORTED": (501, "UNIMPLEMENTED"),
+    "ALREADY_EXISTS": (409, "ALREADY_EXISTS"),
+    "CANCELLED": (499, "CANCELLED"),
 }
 
 
@@ -75,8 +76,10 @@ def http_status(error: ServerError) -> int:
     return STATUS_TABLE[error.code][0]
 
 
-def grpc_code(error: ServerError) -> grpc.StatusCode:
-    return STATUS_TABLE[error.code][1]
+def grpc_code(error: ServerError) -> "grpc.StatusCode":
+    import grpc
+
+    return grpc.StatusCode[STATUS_TABLE[error.code][1]]
 
 
 def unknown_model(name: str) -> NotFoundError:

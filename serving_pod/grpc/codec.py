@@ -72,7 +72,8 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         if raw:
             data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
         elif "shared_memory_region" in params:
-            data = np.empty(0, datatypes.numpy_dtype(datatype))
+            # placeholder of the right shape, no memory; the engine reads the region into it
+            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
         elif item.HasField("contents"):
             data = _from_contents(item, datatype, shape)
         else:
@@ -129,6 +130,9 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     for tensor in response.outputs:
         out = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.data.shape)
         if tensor.parameters:
+            if "shared_memory_region" in tensor.parameters:  # written to shared memory by the engine
+                raw.append(b"")  # as Triton: one (empty) raw entry per output
+                continue
             dict_to_parameters(tensor.parameters, out.parameters)
         raw.append(datatypes.to_raw(tensor.datatype, tensor.data))
     return message

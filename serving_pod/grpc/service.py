@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2_grpc
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
 from serving_pod.grpc.codec import decode_infer_request, encode_infer_response
+from serving_pod.grpc.extensions import ExtensionsMixin
 
 log = logging.getLogger("ferry.grpc")
 
@@ -34,7 +35,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
     await context.abort(grpc_code(error), error.message)
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceServicer):
     """Triton's inference service on top of the engine."""
 
     def __init__(self, engine: Engine) -> None:
@@ -195,9 +196,30 @@ class HealthService(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
 
-def create_server(engine: Engine, extra_services: list[Any] | None = None) -> grpc.aio.Server:
-    """A grpc.aio server with the inference and health services (ports are added by the caller)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+def create_server(
+    engine: Engine,
+    extra_services: list[Any] | None = None,
+    *,
+    restrictions: dict | None = None,
+    max_message_size: int = INT32_MAX,
+    max_metadata_size: int = 64 * 1024,
+) -> grpc.aio.Server:
+    """A grpc.aio server with the inference and health services (ports are added by the caller).
+
+    ``restrictions`` (``security.parse_restrictions``) installs the restricted-protocol interceptor.
+    """
+    options = [
+        ("grpc.max_send_message_length", max_message_size),
+        ("grpc.max_receive_message_length", max_message_size),
+        ("grpc.max_metadata_size", max_metadata_size),
+        *[o for o in SERVER_OPTIONS if not o[0].startswith("grpc.max_")],
+    ]
+    interceptors = []
+    if restrictions:
+        from serving_pod.security import RestrictedGrpc
+
+        interceptors.append(RestrictedGrpc(restrictions))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(engine), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(engine), server)
     for add in extra_services or []:

@@ -147,8 +147,13 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def create_app(engine: Engine, *, max_input_size: int = 64 * 1024 * 1024) -> ASGIApp:
-    """The HTTP application for ``engine``: FastAPI routes behind the lean infer endpoint."""
+def create_app(
+    engine: Engine, *, max_input_size: int = 64 * 1024 * 1024, restrictions: dict | None = None
+) -> ASGIApp:
+    """The HTTP application for ``engine``: FastAPI routes behind the lean infer endpoint.
+
+    ``restrictions`` (``security.parse_restrictions``) puts the restricted-API guard in front.
+    """
     app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ServerError)
@@ -210,7 +215,17 @@ def create_app(engine: Engine, *, max_input_size: int = 64 * 1024 * 1024) -> ASG
         await engine.unload_model(model, bool(params.get("unload_dependents", False)))
         return Response(status_code=200)
 
-    return InferEndpoint(app, engine, max_input_size)
+    from serving_pod.http.extensions import add_extension_routes
+
+    add_extension_routes(app, engine)
+    from serving_pod.http.limits import BodyLimit
+
+    endpoint = InferEndpoint(BodyLimit(app, max_input_size), engine, max_input_size)
+    if restrictions:
+        from serving_pod.security import RestrictedHttp
+
+        return RestrictedHttp(endpoint, restrictions)
+    return endpoint
 
 
 def decode_load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:

@@ -108,7 +108,8 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
         data = datatypes.from_raw(datatype, shape_t, binary[offset:end], f"input '{name}'")
         return Tensor(name, datatype, data, params), end
     if "shared_memory_region" in params:
-        return Tensor(name, datatype, np.empty(0, dtype), params), offset
+        # placeholder of the right shape, no memory; the engine reads the region into it
+        return Tensor(name, datatype, np.broadcast_to(np.zeros((), dtype), shape_t), params), offset
     if "data" not in item:
         raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
     if datatype in ("FP16", "BF16"):
@@ -181,6 +182,9 @@ def encode_infer_response(
             "shape": list(tensor.data.shape),
         }
         if tensor.parameters:
+            if "shared_memory_region" in tensor.parameters:  # written to shared memory by the engine
+                outputs_json.append(entry)  # as Triton: name, datatype and shape only
+                continue
             entry["parameters"] = dict(tensor.parameters)
         if binary:
             raw = datatypes.to_raw(tensor.datatype, tensor.data)

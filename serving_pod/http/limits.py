@@ -114,3 +114,43 @@ def guarded_protocol(*, max_header_bytes: int, read_timeout_s: float) -> type[Gu
         (GuardedHttpToolsProtocol,),
         {"max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s},
     )
+
+
+class BodyLimit:
+    """ASGI middleware bounding request bodies of the ordinary routes (load, trace, logging, ...).
+
+    The lean infer endpoint bounds its own body; this guard covers what FastAPI would otherwise read
+    without limit: a declared ``content-length`` above ``limit`` is refused at once, a chunked body is
+    refused as soon as it passes ``limit``, and an accepted body is replayed to the app.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        from serving_pod.core.errors import ServerError
+        from serving_pod.http.app import _read_body, _send, error_body
+        from serving_pod.http.compression import size_error
+
+        try:
+            for key, value in scope["headers"]:
+                if key == b"content-length" and value.isdigit() and int(value) > self.limit:
+                    raise size_error(int(value), self.limit)
+            body = await _read_body(receive, self.limit)
+        except ServerError as error:
+            await _send(send, *error_body(error), [])
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)

@@ -79,3 +79,9 @@ def _write(root: Path, real_root: str, relative: PurePosixPath, data: bytes) -> 
         raise InvalidArgumentError(f"invalid file override 'file:{relative}': {exc.strerror}") from None
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
+
+
+def discard_override(directory: Path | None) -> None:
+    """Remove an override model dir made by ``materialize_override`` (with its temp parent)."""
+    if directory is not None and directory.parent.name.startswith("ferry-override-"):
+        shutil.rmtree(directory.parent, ignore_errors=True)

@@ -23,7 +23,7 @@ class EnsembleStep:
 
     index: int
     model_name: str
-    #: "" for the composing model's latest ready version
+    #: "" for the composing model's latest ready version (model_version -1, or left out)
     model_version: str
     #: (composing model input, ensemble tensor)
     input_map: tuple[tuple[str, str], ...]
@@ -38,7 +38,7 @@ class EnsembleStep:
 def ensemble_steps(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
     steps = []
     for index, step in enumerate(config.ensemble_scheduling.step):
-        version = "" if step.model_version < 0 else str(step.model_version)
+        version = "" if step.model_version <= 0 else str(step.model_version)  # -1 (or unset): latest
         steps.append(EnsembleStep(
             index, step.model_name, version,
             tuple(sorted(step.input_map.items())), tuple(sorted(step.output_map.items())),

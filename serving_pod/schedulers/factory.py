@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from serving_pod.cache import with_response_cache
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.schedulers.base import Scheduler
 from serving_pod.schedulers.default import DefaultScheduler
+from serving_pod.schedulers.dynamic import DynamicScheduler
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.rate_limiter import rate_limited_pool
 
 
 def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> Scheduler:
@@ -18,8 +21,11 @@ def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> S
 
         return EnsembleScheduler(model, engine=engine)
     assert pool is not None
+    pool = rate_limited_pool(model, pool, engine)  # the pool itself when --rate-limit=off
     if config.HasField("sequence_batching"):
         from serving_pod.schedulers.sequence import SequenceScheduler
 
         return SequenceScheduler(model, pool, model_dir=getattr(model, "model_dir", None))
-    return DefaultScheduler(pool)
+    if config.HasField("dynamic_batching"):
+        return with_response_cache(model, DynamicScheduler(model, pool), engine)
+    return with_response_cache(model, DefaultScheduler(pool), engine)

@@ -4,6 +4,13 @@ Every scheduler runs work through an ``InstancePool``: ``acquire`` an idle insta
 list of requests on it, ``release`` it. The pool measures the three compute stages as Triton
 names them (input: hand-over to the instance; infer: the backend's execute; output: hand-back to the
 event loop) and charges the model's statistics for the execution and for each request in it.
+
+Execution modes (model config parameter ``execution_mode``: ``auto`` (default), ``thread``, ``inline``):
+a thread hop costs far more than a small model's whole execution (~150-250 us here against tens of
+microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (it never blocks on the
+engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
+``INLINE_ENTER_NS`` runs on the event loop thread directly. One execution above ``INLINE_EXIT_NS`` sends it
+back to its thread for ``INLINE_COOLDOWN`` executions, so a model that turns slow blocks the loop at most once.
 """
 
 from __future__ import annotations
@@ -21,6 +28,45 @@ from serving_pod.core.types import InferRequest, InferResponse
 Result = InferResponse | ServerError | None
 BatchSizer = Callable[[InferRequest], int]
 
+#: every one of the last INLINE_WINDOW threaded executions must be this fast to go inline
+INLINE_ENTER_NS = 200_000
+INLINE_WINDOW = 64
+#: an inline execution slower than this returns the instance to its thread
+INLINE_EXIT_NS = 2_000_000
+INLINE_COOLDOWN = 10_000
+
+
+class _Mode:
+    """Per-instance execution-mode bookkeeping (see the module docstring)."""
+
+    __slots__ = ("allowed", "forced", "inline", "fast_streak", "cooldown")
+
+    def __init__(self, allowed: bool, forced: bool) -> None:
+        self.allowed = allowed
+        self.forced = forced
+        self.inline = forced
+        self.fast_streak = 0
+        self.cooldown = 0
+
+    def after_thread(self, duration_ns: int) -> None:
+        if not self.allowed:
+            return
+        if self.cooldown:
+            self.cooldown -= 1
+            return
+        if duration_ns < INLINE_ENTER_NS:
+            self.fast_streak += 1
+            if self.fast_streak >= INLINE_WINDOW:
+                self.inline = True
+        else:
+            self.fast_streak = 0
+
+    def after_inline(self, duration_ns: int) -> None:
+        if duration_ns > INLINE_EXIT_NS and not self.forced:
+            self.inline = False
+            self.fast_streak = 0
+            self.cooldown = INLINE_COOLDOWN
+
 
 class InstancePool:
     """Idle-instance bookkeeping plus execution on per-instance threads."""
@@ -31,6 +77,7 @@ class InstancePool:
         names: list[str],
         stats: ModelStats,
         batch_size_of: BatchSizer,
+        execution_mode: str = "auto",
     ) -> None:
         self.instances = instances
         self.names = names
@@ -38,6 +85,13 @@ class InstancePool:
         self.batch_size_of = batch_size_of
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) for name in names
+        ]
+        self._modes = [
+            _Mode(
+                allowed=execution_mode != "thread" and bool(getattr(instance, "inline_safe", False)),
+                forced=execution_mode == "inline",
+            )
+            for instance in instances
         ]
         self._idle: asyncio.Queue[int] = asyncio.Queue()
         for index in range(len(instances)):
@@ -67,11 +121,17 @@ class InstancePool:
 
     async def execute(self, index: int, requests: list[InferRequest]) -> list[Result]:
         """Run ``requests`` on instance ``index``; returns one result per request, never raises."""
-        loop = asyncio.get_running_loop()
         dispatch_ns = time.monotonic_ns()
-        results, start_ns, end_ns = await loop.run_in_executor(
-            self._executors[index], _run, self.instances[index], requests
-        )
+        mode = self._modes[index]
+        if mode.inline:
+            results, start_ns, end_ns = _run(self.instances[index], requests)
+            mode.after_inline(end_ns - start_ns)
+        else:
+            loop = asyncio.get_running_loop()
+            results, start_ns, end_ns = await loop.run_in_executor(
+                self._executors[index], _run, self.instances[index], requests
+            )
+            mode.after_thread(end_ns - start_ns)
         done_ns = time.monotonic_ns()
         self.charge(requests, results, dispatch_ns, start_ns, end_ns, done_ns)
         return results

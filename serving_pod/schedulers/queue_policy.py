@@ -7,8 +7,8 @@ in service order (``walk``), then takes the batch off the front (``pop``). Seman
   ``priority_levels`` means ``default_priority_level``; without ``priority_levels`` there is one level;
 - each level has its policy (``priority_queue_policy[level]`` or ``default_queue_policy``):
   ``max_queue_size`` (0 = unlimited; full -> "Exceeds maximum queue size" at once),
-  ``default_timeout_microseconds`` counted from enqueue, ``allow_timeout_override`` (the request's
-  ``timeout`` parameter may only shorten it), and ``timeout_action``: REJECT answers an expired
+  ``default_timeout_microseconds`` counted from enqueue (0: none), ``allow_timeout_override`` (the
+  request's ``timeout`` parameter, in microseconds, may only shorten a non-zero default), and ``timeout_action``: REJECT answers an expired
   request with "Request timeout expired"; DELAY moves it behind the level's unexpired requests;
 - policies are applied lazily, to the requests a batch scan reaches (as Triton's cursor does).
 
@@ -50,15 +50,15 @@ class QueuePolicy:
     def deadline(self, now_ns: int, timeout_us: int) -> int:
         """Monotonic deadline of a request enqueued at ``now_ns`` (0 = none)."""
         timeout_ns = self.default_timeout_ns
-        if self.allow_timeout_override and timeout_us > 0:
-            requested = timeout_us * 1000
-            if timeout_ns == 0 or requested < timeout_ns:
-                timeout_ns = requested
-        return now_ns + timeout_ns if timeout_ns else 0
+        if not timeout_ns:
+            return 0  # as Triton: no default timeout, nothing to shorten
+        if self.allow_timeout_override and 0 < timeout_us * 1000 < timeout_ns:
+            timeout_ns = timeout_us * 1000
+        return now_ns + timeout_ns
 
     @property
     def may_expire(self) -> bool:
-        return self.default_timeout_ns > 0 or self.allow_timeout_override
+        return self.default_timeout_ns > 0
 
 
 class Entry:

@@ -250,18 +250,24 @@ def _state(state: Any, model: str, model_dir: Path | None) -> StateSpec:
     datatype = config_to_wire(type_name)
     dtype = numpy_dtype(datatype)
     dims = tuple(1 if d == -1 else d for d in state.dims)
-    if not state.HasField("initial_state"):
+    if not state.initial_state:
         return StateSpec(state.input_name, state.output_name, datatype, np.zeros(dims, dtype))
-    initial = state.initial_state
+    if len(state.initial_state) > 1:
+        raise ModelLoadError(f"State input name '{state.input_name}' specified more than once.")
+    initial = state.initial_state[0]
     if initial.data_type != state.data_type:
         raise ModelLoadError(
-            f"model '{model}': initial_state of state '{state.input_name}' has data_type "
-            f"{mc.DataType.Name(initial.data_type)}, expected {type_name}"
+            f"The data type used for 'initial_state' field of state '{state.input_name}' does not match "
+            "the state data type."
+        )
+    if not initial.name:
+        raise ModelLoadError(
+            f"Field 'name' must be set when using initial_state for state input '{state.input_name}'."
         )
     if len(initial.dims) != len(state.dims):
         raise ModelLoadError(
-            f"model '{model}': the dims of 'initial_state' for state input name '{state.input_name}' "
-            f"do not match the dims of 'state': {len(initial.dims)} != {len(state.dims)}"
+            "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for "
+            f"state input '{state.input_name}'. {len(initial.dims)} != {len(state.dims)}"
         )
     for got, want in zip(initial.dims, state.dims):
         if got == -1:

@@ -1,0 +1,194 @@
+"""Dynamic batching on vs off with perf_analyzer: throughput and p99 over concurrency 1..64, plus a PNG.
+
+One server loads two copies of the same model from a generated repository: ``<model>_batched`` (the shipped
+config, ``dynamic_batching`` on) and ``<model>_unbatched`` (``dynamic_batching`` removed; the server runs with
+``--disable-auto-complete-config`` so nothing turns it back on). At each concurrency both copies are measured
+back to back. Prints a table, the batched/unbatched throughput ratio at c=16 (target >= 2x for the ONNX MLP),
+the servers' average batch sizes, and writes JSON, CSV and a throughput-vs-p99 plot to benchmarks/results/::
+
+    python -m benchmarks.batching                                   # Ferry, mlp_onnx, HTTP, c = 1..64
+    python -m benchmarks.batching --server triton --model double_py # the harness against NVIDIA Triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import urllib.request
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks import loadgen, perfcsv, report, servers
+from tests.support.perf_analyzer import ensure_perf_analyzer
+from tests.support.triton import ensure_triton
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BATCHED, UNBATCHED = "batched", "unbatched"
+TARGET_CONCURRENCY = 16
+TARGET_RATIO = 2.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.batching", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", choices=["ferry", "triton"], default="ferry")
+    p.add_argument("--model", default="mlp_onnx", help="a model under --model-repository")
+    p.add_argument("--model-repository", type=Path, default=servers.BENCH_MODELS)
+    p.add_argument("--protocol", choices=perfcsv.PROTOCOLS, default="http")
+    p.add_argument("--concurrency", default="1..64", help="e.g. 1..64 (powers of two) or 1,16")
+    p.add_argument("--measurement-interval", type=int, default=2000, help="perf_analyzer window, ms")
+    p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    try:
+        args.levels = perfcsv.concurrency_list(args.concurrency)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not (args.model_repository / args.model / "config.pbtxt").exists():
+        p.error(f"model {args.model!r} not found in {args.model_repository}")
+    if args.measurement_interval < 100:
+        p.error("--measurement-interval must be >= 100 ms")
+    return args
+
+
+def make_repository(source: Path, dest: Path) -> dict[str, str]:
+    """Write the batched and unbatched copies of ``source`` into ``dest``; returns label -> model name."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse((source / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    if config.max_batch_size < 2:
+        raise SystemExit(f"error: {source.name} has max_batch_size {config.max_batch_size}; batching needs >= 2")
+    names = {}
+    for label in (BATCHED, UNBATCHED):
+        name = f"{source.name}_{label}"
+        variant = model_config_pb2.ModelConfig()
+        variant.CopyFrom(config)
+        variant.name = name
+        if label == UNBATCHED:
+            variant.ClearField("dynamic_batching")
+        elif not variant.HasField("dynamic_batching"):
+            variant.dynamic_batching.SetInParent()
+        target = dest / name
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("config.pbtxt", "__pycache__"))
+        (target / "config.pbtxt").write_text(text_format.MessageToString(variant))
+        names[label] = name
+    return names
+
+
+def batch_size(port: int, model: str) -> float:
+    """Average executed batch size from the server's statistics (inference_count / execution_count)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as resp:
+            (stats,) = json.load(resp)["model_stats"]
+        return stats["inference_count"] / stats["execution_count"] if stats["execution_count"] else float("nan")
+    except (OSError, ValueError, KeyError):
+        return float("nan")
+
+
+def plot(summaries: list[report.Summary], path: Path, title: str) -> str:
+    """Throughput vs p99 latency, one curve per configuration, points labelled with concurrency."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'ferry[bench]' or matplotlib): no plot"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, style in ((BATCHED, "o-"), (UNBATCHED, "s--")):
+        points = sorted((s for s in summaries if s.server == label and s.rounds), key=lambda s: s.concurrency)
+        ax.plot([s.p99_us / 1000 for s in points], [s.throughput for s in points], style, label=label)
+        for s in points:
+            ax.annotate(f"c={s.concurrency}", (s.p99_us / 1000, s.throughput), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("p99 latency (ms)")
+    ax.set_ylabel("throughput (infer/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def format_table(summaries: list[report.Summary]) -> str:
+    by = {(s.server, s.concurrency): s for s in summaries}
+    lines = [f"{'conc':>4} {'batched infer/s':>16} {'p99 ms':>7} {'unbatched infer/s':>18} {'p99 ms':>7} {'ratio':>6}"]
+    for level in sorted({s.concurrency for s in summaries}):
+        b, u = by.get((BATCHED, level)), by.get((UNBATCHED, level))
+        if b is None or u is None:
+            continue
+        ratio = b.throughput / u.throughput if u.throughput else float("nan")
+        lines.append(f"{level:>4} {b.throughput:>16.1f} {b.p99_us / 1000:>7.2f} {u.throughput:>18.1f} "
+                     f"{u.p99_us / 1000:>7.2f} {ratio:>6.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    pa = ensure_perf_analyzer()
+    if not pa.ok:
+        print(f"error: {pa.reason}", file=sys.stderr)
+        return 2
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    work = args.out / f"batching-{stamp}"
+    names = make_repository(args.model_repository / args.model, work / "repo")
+    ports = servers.free_ports()
+    extra = ["--disable-auto-complete-config", *args.server_arg]
+    if args.server == "triton":
+        triton = ensure_triton()
+        if not triton.ok:
+            print(f"error: {triton.reason}", file=sys.stderr)
+            return 2
+        spec = servers.triton_spec("triton", triton.command(), triton.env, [work / "repo"], list(names.values()),
+                                   ports, extra)
+    else:
+        spec = servers.ferry_spec("ferry", [work / "repo"], list(names.values()), ports, extra)
+    measurements: list[report.Measurement] = []
+    with servers.Server(spec, ports, work / "server.log") as srv:
+        startup = srv.start(models=list(names.values()))
+        print(f"{args.server} ready in {startup:.2f} s; {args.model} batched vs unbatched over {args.protocol}",
+              flush=True)
+        url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
+        for level in args.levels:
+            for label in (BATCHED, UNBATCHED):
+                point = perfcsv.PerfSpec(names[label], url, args.protocol, level, args.measurement_interval,
+                                         99, max_trials=args.max_trials)
+                res = loadgen.run_point(pa.command(), pa.env, point, work, f"{label}-c{level}")
+                measurements.append(report.Measurement(label, args.protocol, level, 1, res.throughput, res.p99_us,
+                                                       res.stable))
+                note = "" if res.stable else " (unstable)"
+                print(f"  c={level:<3} {label:<9} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}"
+                      if res.ok else f"  c={level:<3} {label:<9} FAILED: {res.error}", flush=True)
+        avg_batch = {label: batch_size(ports.http, name) for label, name in names.items()}
+    summaries = report.summarize(measurements)
+    ratio = next((r for r in report.ratios(summaries, UNBATCHED) if r.concurrency == TARGET_CONCURRENCY), None)
+    print("\n" + format_table(summaries))
+    print(f"\naverage executed batch size: batched {avg_batch[BATCHED]:.2f}, unbatched {avg_batch[UNBATCHED]:.2f}")
+    if ratio is not None:
+        verdict = "OK" if ratio.throughput_ratio >= TARGET_RATIO else "MISS"
+        print(f"dynamic batching at c={TARGET_CONCURRENCY}: {ratio.throughput_ratio:.2f}x throughput "
+              f"(target >= {TARGET_RATIO:g}x: {verdict}), p99 {ratio.p99_ratio:.2f}x")
+    print(plot(summaries, args.out / f"batching-{stamp}.png",
+               f"{args.server}: {args.model} dynamic batching on/off ({args.protocol}, perf_analyzer)"))
+    payload = {"kind": "batching", "started_utc": stamp, "server": args.server, "model": args.model,
+               "protocol": args.protocol, "server_argv": list(spec.argv), "average_batch_size": avg_batch,
+               "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],
+               "ratio_c16": asdict(ratio) if ratio else None}
+    report.write_json(args.out / f"batching-{stamp}.json", payload)
+    report.write_csv(args.out / f"batching-{stamp}.csv", summaries)
+    print(f"wrote {args.out / f'batching-{stamp}.json'} and .csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Run perf_analyzer for one measurement point and read its result (the only process-running part of it).
+
+Each run writes ``<name>.csv`` and ``<name>.log`` (its stdout) into the run's log folder. perf_analyzer exits
+2 when its windows never agree within the stability percentage (on a shared 2-core box p99 jumps between
+windows while throughput holds). Such a point is retried ``retries`` times with the same flags, then taken
+as the medians of its windows and flagged ``stable=False`` — the same treatment for every server.
+Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import perfcsv
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """The outcome of one point; NaN figures and an ``error`` when perf_analyzer produced nothing usable."""
+
+    spec: perfcsv.PerfSpec
+    throughput: float
+    p99_us: float
+    stable: bool
+    server: tuple[perfcsv.ServerBreakdown, ...]
+    attempts: int
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return math.isfinite(self.throughput) and math.isfinite(self.p99_us)
+
+
+def run_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.PerfSpec, log_dir: Path, name: str,
+              *, retries: int = 0, timeout: float = 600.0) -> PointResult:
+    """Run ``command + perf_args(spec)``; see the module docstring for unstable measurements."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, log_path = log_dir / f"{name}.csv", log_dir / f"{name}.log"
+    nan = math.nan
+    for attempt in range(1, retries + 2):
+        csv_path.unlink(missing_ok=True)
+        argv = [*command, *perfcsv.perf_args(spec, str(csv_path))]
+        try:
+            proc = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
+            stdout, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or ""
+            stdout, rc = (out.decode(errors="replace") if isinstance(out, bytes) else out), None
+        log_path.write_text(f"$ {perfcsv.join_command(argv)}\n{stdout}")
+        breakdown = tuple(perfcsv.parse_server_breakdown(stdout))
+        if rc == 0 and csv_path.exists():
+            try:
+                row = perfcsv.parse_csv(csv_path.read_text())[-1]
+            except perfcsv.PerfOutputError as exc:
+                return PointResult(spec, nan, nan, False, breakdown, attempt, str(exc))
+            return PointResult(spec, row.throughput, row.p99_us, True, breakdown, attempt)
+        tail = " | ".join(stdout.strip().splitlines()[-2:])
+        error = f"perf_analyzer {'timed out' if rc is None else f'exit {rc}'}: {tail}"
+        if not perfcsv.unstable(stdout):
+            return PointResult(spec, nan, nan, False, breakdown, attempt, error)
+        estimate = perfcsv.unstable_estimate(stdout)
+        if attempt == retries + 1 and estimate is not None:
+            return PointResult(spec, estimate[0], estimate[1], False, breakdown, attempt)
+    return PointResult(spec, nan, nan, False, (), retries + 1, error)

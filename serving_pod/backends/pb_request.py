@@ -1,0 +1,347 @@
+"""Requests, responses and response senders of Ferry's ``triton_python_backend_utils``.
+
+A request a model receives wraps the engine's domain ``InferRequest`` (``_from_domain``: no
+copies, inputs wrapped on first use); a request a model builds for BLS is turned into a domain
+request at once and sent with ``exec``/``async_exec`` to the engine found by
+``current_engine`` (the backend binds it to the thread running model code). Conversions live
+in ``python_bridge``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, Callable, Iterable, Iterator
+
+from serving_pod.backends.pb_tensor import (
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    Tensor,
+    TritonError,
+    TritonModelException,
+)
+
+# --------------------------------------------------------------------------- responses
+
+
+def _check_parameters(parameters: Any) -> dict:
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"parameters must be a dict, found type '{type(parameters).__name__}'")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key).__name__}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool, int or str, found type {type(value).__name__}"
+            )
+    return parameters
+
+
+class InferenceResponse:
+    """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
+
+    __slots__ = ("_outputs", "_error", "_parameters")
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict | None = None,
+    ) -> None:
+        self._outputs = output_tensors if output_tensors is not None else []
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(f"error must be a TritonError, found type '{type(error).__name__}'")
+        self._error = error
+        self._parameters = _check_parameters(parameters) if parameters else None
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters or {})
+
+
+class InferenceResponseSender:
+    """What ``request.get_response_sender()`` returns: ``send(response=None, flags=0)``."""
+
+    __slots__ = ("_request", "_closed", "_sent", "_lock")
+
+    def __init__(self, request: "InferenceRequest") -> None:
+        self._request = request
+        self._closed = False
+        self._sent = 0
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Unable to send response. Expected an 'InferenceResponse', found type '{type(response).__name__}'."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        link = self._request._link
+        if link is None:
+            raise TritonModelException("Unable to send response: this request was not sent to the model.")
+        with self._lock:
+            if not link.decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final "
+                        "before sending a response."
+                    )
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if final:
+                self._closed = True
+            self._sent += 1
+        link.deliver(self._request, response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Trace:
+    def get_context(self) -> None:
+        return None
+
+
+class InferenceRequest:
+    """A request a model receives in ``execute``, or a BLS request a model builds.
+
+    BLS form (Triton's signature)::
+
+        pb_utils.InferenceRequest(model_name="m", inputs=[...], requested_output_names=[...])
+
+    then ``.exec()`` (or ``.exec(decoupled=True)`` -> iterator) or ``await .async_exec()``.
+    """
+
+    __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result")
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        model_name: str | None = None,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict | None = None,
+    ) -> None:
+        from serving_pod.backends import python_bridge
+
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TypeError(
+                "InferenceRequest() requires inputs, requested_output_names and model_name"
+            )
+        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._domain = python_bridge.bls_domain_request(
+            request_id=request_id, correlation_id=correlation_id, inputs=inputs,
+            requested_output_names=requested_output_names, model_name=model_name,
+            model_version=model_version, flags=flags, timeout=timeout,
+            parameters=_check_parameters(parameters),
+        )
+        self._link: Any = None
+        self._inputs: list[Tensor] | None = list(inputs)
+        self._sender: InferenceResponseSender | None = None
+        self._engine: Any = current_engine(sys._getframe(1))
+        self._flags_override: int | None = None
+        self._result: Any = None
+
+    @classmethod
+    def _from_domain(cls, domain: Any, link: Any) -> "InferenceRequest":
+        """Trusted fast path: wrap an engine request for ``execute`` (no copies)."""
+        request = object.__new__(cls)
+        request._domain = domain
+        request._link = link
+        request._inputs = None
+        request._sender = None
+        request._engine = None
+        request._flags_override = None
+        request._result = None
+        return request
+
+    # model-side accessors -------------------------------------------------------------
+    def inputs(self) -> list[Tensor]:
+        inputs = self._inputs
+        if inputs is None:
+            wrap = Tensor._wrap
+            inputs = self._inputs = [wrap(t.name, t.data, t.datatype) for t in self._domain.inputs]
+        return inputs
+
+    def request_id(self) -> str:
+        return self._domain.id
+
+    def correlation_id(self) -> int | str:
+        value = self._domain.parameters.get("sequence_id", 0)
+        return value if isinstance(value, (int, str)) else int(value)
+
+    def flags(self) -> int:
+        if self._flags_override is not None:
+            return self._flags_override
+        params = self._domain.parameters
+        flags = 0
+        if params.get("sequence_start"):
+            flags |= TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        if params.get("sequence_end"):
+            flags |= TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        return flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags_override = int(flags)
+
+    def timeout(self) -> int:
+        return int(self._domain.parameters.get("timeout", 0) or 0)
+
+    def parameters(self) -> str:
+        from serving_pod.backends import python_bridge
+
+        return python_bridge.parameters_json(self._domain.parameters)
+
+    def trace(self) -> _Trace:
+        return _Trace()
+
+    def requested_output_names(self) -> list[str]:
+        outputs = self._domain.outputs
+        if outputs is None:
+            return list(self._link.output_names) if self._link is not None else []
+        return [o.name for o in outputs]
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        sender = self._sender
+        if sender is None:
+            sender = self._sender = InferenceResponseSender(self)
+        return sender
+
+    def is_cancelled(self) -> bool:
+        cancelled = self._domain.cancelled
+        return cancelled is not None and cancelled.is_set()
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("Request rescheduling is not supported by this server.")
+
+    # BLS ----------------------------------------------------------------------------
+    def exec(self, decoupled: bool = False) -> Any:
+        from serving_pod.backends import python_bridge
+
+        engine = self._engine if self._engine is not None else current_engine()
+        return python_bridge.bls_exec(engine, self._domain, decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        import asyncio
+
+        from serving_pod.backends import python_bridge
+
+        loop = asyncio.get_running_loop()
+        engine = self._engine if self._engine is not None else current_engine()
+        return loop.run_in_executor(None, python_bridge.bls_exec, engine, self._domain, decoupled)
+
+
+class ResponseIterator:
+    """Responses of a decoupled BLS call (``exec(decoupled=True)``), in order."""
+
+    def __init__(self, source: Iterable[Any], convert: Callable[[Any], InferenceResponse], cancel: Any) -> None:
+        self._source: Iterator[Any] = iter(source)
+        self._convert = convert
+        self._cancel = cancel
+        self._done = False
+
+    def __iter__(self) -> "ResponseIterator":
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        try:
+            item = next(self._source)
+        except StopIteration:
+            self._done = True
+            raise
+        except Exception as exc:  # an engine error mid-stream becomes the last response
+            self._done = True
+            return self._convert(exc)
+        return self._convert(item)
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+
+# --------------------------------------------------------------------------- context
+
+_local = threading.local()
+_fallback: dict[str, Any] = {"engine": None, "model_dir": ""}
+#: model module name -> (engine, model dir), for threads a model starts itself.
+_modules: dict[str, tuple[Any, str]] = {}
+
+
+def bind_thread(engine: Any, model_dir: str) -> None:
+    """Called by the backend on the thread about to run model code."""
+    _local.engine = engine
+    _local.model_dir = model_dir
+    if engine is not None:
+        _fallback["engine"] = engine
+    _fallback["model_dir"] = model_dir
+
+
+def register_module(module_name: str, engine: Any, model_dir: str) -> None:
+    _modules[module_name] = (engine, model_dir)
+
+
+def unregister_module(module_name: str) -> None:
+    _modules.pop(module_name, None)
+
+
+def current_engine(frame: Any = None) -> Any:
+    """The engine for BLS calls made from here.
+
+    The thread's binding when the backend runs model code on it; for threads a model started
+    itself, the engine of the model module that builds the request (``frame``), else the
+    last engine seen (a server process has one).
+    """
+    try:
+        return _local.engine
+    except AttributeError:
+        pass
+    if frame is not None:
+        entry = _modules.get(frame.f_globals.get("__name__", ""))
+        if entry is not None:
+            return entry[0]
+    return _fallback["engine"]
+
+
+def get_model_dir() -> str:
+    """Directory of the model version whose code is running (Triton's ``get_model_dir``)."""
+    model_dir = getattr(_local, "model_dir", None)
+    if model_dir is None:
+        entry = _modules.get(sys._getframe(1).f_globals.get("__name__", ""))
+        model_dir = entry[1] if entry is not None else _fallback["model_dir"]
+    return model_dir

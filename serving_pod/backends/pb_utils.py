@@ -1,0 +1,115 @@
+"""Ferry's ``triton_python_backend_utils``: the API that Triton ``model.py`` files import.
+
+The python backend (``serving_pod.backends.python``) installs this module as
+``sys.modules["triton_python_backend_utils"]`` when it loads a python model (never at import
+time of ``serving_pod``), so ``import triton_python_backend_utils as pb_utils`` in an unmodified
+Triton model gets these classes. Names, signatures, flags and error wording follow Triton's
+python_backend (``Tensor``, ``InferenceRequest``/``InferenceResponse``, ``TritonError``,
+``TritonModelException``, ``Logger``, ``ModelConfig`` for ``auto_complete_config``...).
+
+Unlike Triton, nothing here crosses a process boundary: a request wraps the engine's domain
+``InferRequest`` and tensors wrap its numpy arrays without copies. BLS requests
+(``InferenceRequest(model_name=...).exec()``) go to the engine of the instance that is running
+(``engine.infer_from_thread`` / ``engine.stream_from_thread``); the bridging lives in
+``python_bridge``. Auto-complete's ``ModelConfig`` lives in ``pb_model_config``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from serving_pod.backends.pb_metrics import MetricFamily
+from serving_pod.backends.pb_model_config import ModelConfig
+from serving_pod.backends.pb_request import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    ResponseIterator,
+    current_engine,
+    get_model_dir,
+)
+from serving_pod.backends.pb_tensor import (
+    TRITON_STRING_TO_NUMPY,
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    Tensor,
+    TritonError,
+    TritonModelException,
+    deserialize_bytes_tensor,
+    get_input_config_by_name,
+    get_input_tensor_by_name,
+    get_output_config_by_name,
+    get_output_tensor_by_name,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+    using_decoupled_model_transaction_policy,
+)
+
+__all__ = [
+    "MetricFamily", "ModelConfig", "InferenceRequest", "InferenceResponse",
+    "InferenceResponseSender", "ResponseIterator", "current_engine", "get_model_dir",
+    "TRITON_STRING_TO_NUMPY", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",
+    "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
+    "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type",
+    "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy", "Logger", "PreferredMemory",
+]
+
+_log = logging.getLogger("serving_pod.python_model")
+
+# --------------------------------------------------------------------------- logging
+
+
+class Logger:
+    """``pb_utils.Logger.log_info(msg)`` etc.; goes to the server's python logging."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+    class LogLevel:
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _log.log(Logger._LEVELS.get(int(level), logging.INFO), "%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message, stacklevel=2)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message, stacklevel=2)
+
+
+class PreferredMemory:
+    """Accepted for compatibility; tensors always live in CPU memory here."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id

@@ -1,0 +1,250 @@
+"""The python backend: runs Triton ``model.py`` files unmodified.
+
+``PythonBackend`` implements ``backends.base.Backend``. By default a model runs in the server
+process (``python_model.PythonModelInstance``): requests reach ``execute`` as thin wrappers
+over the engine's numpy tensors, with no IPC — the speed edge over Triton's per-instance stub
+processes. A model opts into a child process (``python_isolated``) with the config parameter
+``FERRY_ISOLATED: "true"`` (own GIL, crash containment) or ``EXECUTION_ENV_PATH`` (its own
+interpreter: a python executable, an environment directory, or a conda-pack ``.tar.gz``;
+``$$TRITON_MODEL_DIRECTORY`` is expanded as in Triton).
+
+The config reaches the model as Triton serializes it: JSON with proto field names, every
+field printed (defaults included) and 64-bit integers as JSON numbers (``config_to_dict``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from serving_pod.backends.base import InstanceContext, ModelInstance
+from serving_pod.core import errors
+from serving_pod.core.datatypes import config_to_wire
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+_log = logging.getLogger(__name__)
+
+ISOLATED_PARAMETER = "FERRY_ISOLATED"
+ENV_PATH_PARAMETER = "EXECUTION_ENV_PATH"
+_TRUE = ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------- config JSON
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A protobuf message -> dict as Triton prints it (defaults shown, int64 as numbers)."""
+    from google.protobuf import json_format
+
+    try:
+        data = json_format.MessageToDict(
+            config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    except TypeError:  # protobuf < 5.26 names the option differently
+        data = json_format.MessageToDict(
+            config, preserving_proto_field_name=True, including_default_value_fields=True
+        )
+    _int64_as_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64, SINT64
+
+
+def _int64_as_numbers(descriptor: Any, data: dict[str, Any]) -> None:
+    for key, value in data.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            value_field = message.fields_by_name["value"]
+            if value_field.message_type is not None:
+                for item in value.values():
+                    _int64_as_numbers(value_field.message_type, item)
+            elif value_field.type in _INT64_TYPES:
+                data[key] = {k: int(v) for k, v in value.items()}
+        elif message is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _int64_as_numbers(message, item)
+        elif field.type in _INT64_TYPES:
+            data[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def config_json(config: Any) -> str:
+    return json.dumps(config_to_dict(config))
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+def _parameter(config: "ModelConfig", key: str) -> str:
+    return config.parameters[key].string_value if key in config.parameters else ""
+
+
+def isolated_executable(config: "ModelConfig", model_dir: Path) -> str | None:
+    """The interpreter to run this model in a child process, or None for in-process."""
+    import sys
+
+    env_path = _parameter(config, ENV_PATH_PARAMETER).strip()
+    if env_path:
+        from serving_pod.backends.python_isolated import resolve_environment
+
+        env_path = env_path.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir))
+        return resolve_environment(env_path, config.name)
+    if _parameter(config, ISOLATED_PARAMETER).strip().lower() in _TRUE:
+        return sys.executable
+    return None
+
+
+# --------------------------------------------------------------------------- backend
+
+
+def _model_file(config: "ModelConfig", version_dir: Path) -> Path:
+    return version_dir / (config.default_model_filename or "model.py")
+
+
+def build_spec(context: InstanceContext) -> Any:
+    """The plain-values description of one instance (see ``python_model.ModelSpec``)."""
+    from tritonclient.grpc import model_config_pb2
+
+    from serving_pod.backends.python_model import ModelSpec
+
+    config = context.config
+    outputs = tuple(
+        (o.name, config_to_wire(model_config_pb2.DataType.Name(o.data_type)))
+        for o in config.output
+        if o.data_type != model_config_pb2.TYPE_INVALID
+    )
+    kind = context.kind[5:] if context.kind.startswith("KIND_") else context.kind
+    return ModelSpec(
+        model_name=context.model_name,
+        model_version=str(context.model_version),
+        model_dir=str(context.model_dir),
+        version_dir=str(context.version_dir),
+        model_file=str(_model_file(config, Path(context.version_dir))),
+        instance_name=context.name,
+        instance_kind=kind,
+        device_id=context.device_id,
+        config_json=config_json(config),
+        decoupled=bool(config.model_transaction_policy.decoupled),
+        output_types=outputs,
+    )
+
+
+class PythonBackend:
+    """Backend ``python``: ``<version>/model.py`` defining ``TritonPythonModel``."""
+
+    name = "python"
+
+    def default_model_filename(self) -> str:
+        return "model.py"
+
+    def create_instance(self, context: InstanceContext) -> ModelInstance:
+        spec = build_spec(context)
+        if not Path(spec.model_file).is_file():
+            raise errors.ModelLoadError(
+                f"failed to load python model '{context.model_name}': {spec.model_file} not found"
+            )
+        executable = isolated_executable(context.config, Path(context.model_dir))
+        if executable is not None:
+            from serving_pod.backends.python_isolated import IsolatedInstance
+
+            return IsolatedInstance(spec, context.engine, executable)
+        from serving_pod.backends.python_model import PythonModelInstance
+
+        return PythonModelInstance(spec, context.engine)
+
+    def auto_complete(self, config: "ModelConfig", model_dir: Path, version_dir: Path | None) -> None:
+        """Run the model's static ``auto_complete_config`` (if any) and keep its edits."""
+        model_file = _find_model_file(config, Path(model_dir), version_dir)
+        if model_file is None:
+            return  # loading reports the missing file with the version it looked in
+        executable = isolated_executable(config, Path(model_dir))
+        label = config.name or Path(model_dir).name
+        if executable is not None:
+            from serving_pod.backends.python_isolated import run_auto_complete
+
+            edited = run_auto_complete(executable, str(model_file), config_json(config), label)
+        else:
+            edited = _auto_complete_in_process(str(model_file), config_json(config), label)
+        if edited is None:
+            return
+        from google.protobuf import json_format
+        from tritonclient.grpc import model_config_pb2
+
+        completed = model_config_pb2.ModelConfig()
+        try:
+            json_format.ParseDict(edited, completed)
+        except json_format.ParseError as exc:
+            raise errors.ModelLoadError(
+                f"auto_complete_config of python model '{label}' produced an invalid config: {exc}"
+            ) from None
+        config.CopyFrom(completed)
+
+
+def _find_model_file(config: "ModelConfig", model_dir: Path, version_dir: Path | None) -> Path | None:
+    if version_dir is not None:
+        path = _model_file(config, Path(version_dir))
+        return path if path.is_file() else None
+    versions = sorted(
+        (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+        key=lambda p: int(p.name),
+        reverse=True,
+    ) if model_dir.is_dir() else []
+    for candidate in versions:
+        path = _model_file(config, candidate)
+        if path.is_file():
+            return path
+    return None
+
+
+def auto_complete_with_module(module: Any, config_text: str, label: str) -> dict[str, Any] | None:
+    """Call ``TritonPythonModel.auto_complete_config`` of an imported model module.
+
+    Returns the edited config dict, or None when the model has no ``auto_complete_config``.
+    Raises ``ModelLoadError`` for a bad return value or a conflicting edit.
+    """
+    from serving_pod.backends import pb_utils
+
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise errors.ModelLoadError(f"python model '{label}' does not define class TritonPythonModel")
+    hook = getattr(model_class, "auto_complete_config", None)
+    if hook is None:
+        return None
+    try:
+        result = hook(pb_utils.ModelConfig(config_text))
+    except Exception as exc:
+        raise errors.ModelLoadError(
+            f"auto_complete_config of python model '{label}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(result, pb_utils.ModelConfig):
+        raise errors.ModelLoadError(
+            f"auto_complete_config function in model '{label}' must return a valid pb.ModelConfig object."
+        )
+    return result.as_dict()
+
+
+def _auto_complete_in_process(model_file: str, config_text: str, label: str) -> dict[str, Any] | None:
+    from serving_pod.backends.python_model import describe, load_model_module, unload_module
+
+    try:
+        module = load_model_module(model_file, str(Path(model_file).parent), f"{label}_autocomplete")
+    except Exception as exc:
+        raise errors.ModelLoadError(
+            f"failed to load python model '{label}' from {model_file}: {describe(exc)}"
+        ) from None
+    try:
+        return auto_complete_with_module(module, config_text, label)
+    finally:
+        unload_module(module)
+
+
+def create_backend(backend_config: Mapping[str, str] | None = None) -> PythonBackend:
+    """Entry point used by ``backends.registry`` (no ``--backend-config`` settings are used yet)."""
+    return PythonBackend()

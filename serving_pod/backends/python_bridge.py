@@ -1,0 +1,229 @@
+"""Conversions between the engine's domain values and ``pb_utils`` objects.
+
+Used by the in-process python model instance (``python_model``) and by ``pb_utils`` itself
+for BLS. The hot path is ``ResponseLink.to_domain``: it wraps the model's numpy arrays into
+domain tensors without copying, prunes outputs the client did not ask for (Triton returns
+only requested outputs, all of the config's outputs when none were named) and picks each
+output's wire datatype: the config's when the array matches it, else numpy's own, as
+Triton's python backend reports the array's type.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from serving_pod.backends import pb_utils
+from serving_pod.core import errors
+from serving_pod.core.datatypes import WIRE_TO_NUMPY, wire_datatype
+from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput
+from serving_pod.core.types import Tensor as DomainTensor
+
+#: request parameters the protocols consume themselves; ``request.parameters()`` hides them.
+RESERVED_PARAMETERS = frozenset(
+    {
+        "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+        "binary_data_output", "binary_data_size", "triton_enable_empty_final_response",
+    }
+)
+
+_CODE_TO_ERROR: dict[int, type[errors.ServerError]] = {
+    pb_utils.TritonError.UNKNOWN: errors.InternalError,
+    pb_utils.TritonError.INTERNAL: errors.InternalError,
+    pb_utils.TritonError.NOT_FOUND: errors.NotFoundError,
+    pb_utils.TritonError.INVALID_ARG: errors.InvalidArgumentError,
+    pb_utils.TritonError.UNAVAILABLE: errors.UnavailableError,
+    pb_utils.TritonError.UNSUPPORTED: errors.UnsupportedError,
+    pb_utils.TritonError.ALREADY_EXISTS: errors.AlreadyExistsError,
+    pb_utils.TritonError.CANCELLED: errors.CancelledError,
+}
+_ERROR_TO_CODE: dict[str, int] = {
+    "INTERNAL": pb_utils.TritonError.INTERNAL,
+    "NOT_FOUND": pb_utils.TritonError.NOT_FOUND,
+    "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
+    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
+    "UNSUPPORTED": pb_utils.TritonError.UNSUPPORTED,
+    "ALREADY_EXISTS": pb_utils.TritonError.ALREADY_EXISTS,
+    "CANCELLED": pb_utils.TritonError.CANCELLED,
+}
+
+
+def server_error(error: pb_utils.TritonError) -> errors.ServerError:
+    """A model's ``TritonError`` -> the engine's error with the same code and message."""
+    return _CODE_TO_ERROR.get(error.code(), errors.InternalError)(error.message())
+
+
+def triton_error(exc: BaseException) -> pb_utils.TritonError:
+    """An engine error (or any exception) -> a ``TritonError`` for a BLS response."""
+    if isinstance(exc, errors.ServerError):
+        return pb_utils.TritonError(exc.message, _ERROR_TO_CODE.get(exc.code, pb_utils.TritonError.INTERNAL))
+    return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+def parameters_json(parameters: dict[str, Any]) -> str:
+    """Triton's ``request.parameters()``: the client's custom parameters as a JSON string."""
+    if not parameters:
+        return "{}"
+    return json.dumps({k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS})
+
+
+class ResponseLink:
+    """Per-instance knowledge needed to turn a model's responses into domain responses."""
+
+    __slots__ = ("model_name", "model_version", "decoupled", "output_names", "_all", "_declared")
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str,
+        decoupled: bool,
+        output_types: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.model_name = model_name
+        self.model_version = model_version
+        self.decoupled = decoupled
+        self.output_names = tuple(name for name, _ in output_types)
+        self._all: frozenset[str] | None = frozenset(self.output_names) or None
+        self._declared = {name: (wire, WIRE_TO_NUMPY.get(wire)) for name, wire in output_types}
+
+    def _datatype(self, tensor: pb_utils.Tensor) -> str:
+        array = tensor._array
+        declared = self._declared.get(tensor._name)
+        if declared is not None:
+            wire, dtype = declared
+            actual = array.dtype
+            if actual is dtype or actual == dtype or (wire == "BYTES" and actual.kind in "OSU"):
+                return wire
+        if tensor._datatype is not None and WIRE_TO_NUMPY.get(tensor._datatype) == array.dtype:
+            return tensor._datatype
+        return wire_datatype(array)
+
+    def to_domain(
+        self, request: InferRequest, response: Any, final: bool = True
+    ) -> InferResponse | errors.ServerError:
+        """One ``pb_utils.InferenceResponse`` for ``request`` -> domain response or error."""
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return errors.InternalError(
+                "Expected an 'InferenceResponse' object in the execute function return list, "
+                f"found type '{type(response)}'."
+            )
+        if response._error is not None:
+            return server_error(response._error)
+        requested = request.outputs
+        allowed = self._all if requested is None else {o.name for o in requested}
+        outputs: list[DomainTensor] = []
+        for tensor in response._outputs:
+            if type(tensor) is not pb_utils.Tensor and not isinstance(tensor, pb_utils.Tensor):
+                return errors.InternalError(
+                    f"model '{self.model_name}' returned an output that is not a pb_utils.Tensor: "
+                    f"{type(tensor).__name__}"
+                )
+            if allowed is not None and tensor._name not in allowed:
+                continue
+            try:
+                datatype = self._datatype(tensor)
+            except errors.ServerError as exc:
+                return errors.InternalError(f"output '{tensor._name}' of model '{self.model_name}': {exc}")
+            outputs.append(DomainTensor(tensor._name, datatype, tensor._array))
+        if response._parameters:
+            return InferResponse(
+                self.model_name, self.model_version, outputs, request.id,
+                dict(response._parameters), final,
+            )
+        return InferResponse(self.model_name, self.model_version, outputs, request.id, final=final)
+
+    def deliver(self, request: pb_utils.InferenceRequest, response: Any, final: bool) -> None:
+        """What a response sender does with one ``send``."""
+        domain = request._domain
+        if not self.decoupled:
+            request._result = response
+            return
+        message = None if response is None else self.to_domain(domain, response, final)
+        try:
+            domain.responder(message, final)
+        except Exception as exc:
+            raise pb_utils.TritonModelException(f"Unable to send response: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- BLS
+
+
+def bls_domain_request(
+    *,
+    request_id: str,
+    correlation_id: int | str,
+    inputs: list[pb_utils.Tensor],
+    requested_output_names: list[str],
+    model_name: str,
+    model_version: int,
+    flags: int,
+    timeout: int,
+    parameters: dict[str, Any],
+) -> InferRequest:
+    """A BLS ``pb_utils.InferenceRequest(...)`` -> the engine's request."""
+    tensors: list[DomainTensor] = []
+    for tensor in inputs:
+        if not isinstance(tensor, pb_utils.Tensor):
+            raise pb_utils.TritonModelException(
+                f"InferenceRequest inputs must be pb_utils.Tensor objects, found type '{type(tensor).__name__}'"
+            )
+        array = tensor._array
+        datatype = tensor._datatype
+        if datatype is None or WIRE_TO_NUMPY.get(datatype) != array.dtype:
+            datatype = wire_datatype(array)
+        tensors.append(DomainTensor(tensor._name, datatype, array))
+    params = dict(parameters)
+    if correlation_id:
+        params["sequence_id"] = correlation_id
+    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        params["sequence_start"] = True
+    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        params["sequence_end"] = True
+    if timeout:
+        params["timeout"] = int(timeout)
+    outputs = [RequestedOutput(str(n)) for n in requested_output_names] or None
+    version = "" if model_version is None or int(model_version) < 0 else str(int(model_version))
+    return InferRequest(str(model_name), version, tensors, outputs, str(request_id), params)
+
+
+def pb_response(item: Any) -> pb_utils.InferenceResponse:
+    """An engine response (or error) -> the ``InferenceResponse`` a BLS caller sees."""
+    if isinstance(item, BaseException):
+        return pb_utils.InferenceResponse(error=triton_error(item))
+    wrap = pb_utils.Tensor._wrap
+    outputs = [wrap(t.name, t.data, t.datatype) for t in item.outputs]
+    response = pb_utils.InferenceResponse(outputs)
+    if item.parameters:
+        response._parameters = dict(item.parameters)
+    return response
+
+
+def bls_exec(engine: Any, request: InferRequest, decoupled: bool) -> Any:
+    """Run a BLS request on ``engine``; errors come back inside the response, as in Triton."""
+    if engine is None:
+        error = pb_utils.TritonError(
+            f"BLS request to model '{request.model_name}' failed: this python model instance is "
+            "not attached to an inference engine",
+            pb_utils.TritonError.UNAVAILABLE,
+        )
+        if decoupled:
+            return pb_utils.ResponseIterator([errors.UnavailableError(error.message())], pb_response, None)
+        return pb_utils.InferenceResponse(error=error)
+    # A fresh engine request per call: the same BLS object may be executed more than once.
+    call = InferRequest(
+        request.model_name, request.model_version, request.inputs, request.outputs,
+        request.id, dict(request.parameters),
+    )
+    if decoupled:
+        call.cancelled = getattr(engine, "new_cancel_event", threading.Event)()
+        try:
+            stream = engine.stream_from_thread(call)
+        except Exception as exc:
+            return pb_utils.ResponseIterator([exc], pb_response, None)
+        return pb_utils.ResponseIterator(stream, pb_response, call.cancelled)
+    try:
+        return pb_response(engine.infer_from_thread(call))
+    except Exception as exc:
+        return pb_utils.InferenceResponse(error=triton_error(exc))
+

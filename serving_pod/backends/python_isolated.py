@@ -1,0 +1,345 @@
+"""Isolated python models: the model runs in a child process (``python_stub``).
+
+Opt-in per model (see ``python.py``). The child is a plain ``subprocess`` of the chosen
+interpreter talking over two inherited pipes (``python_ipc.Channel``); tensors travel as
+pickled numpy arrays. The child's stderr is forwarded to the server's and its tail kept, so a
+child that dies — at start, in ``initialize`` or mid-``execute`` — yields a clear error naming
+the model and exit code instead of taking the server down. After a crash the next ``execute``
+starts a fresh child (and re-runs ``initialize``).
+
+Decoupled responses, cancellation checks and BLS calls come back from the child over the same
+channel and are served here with the real responders and engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from serving_pod.backends.python_ipc import Channel
+from serving_pod.core import errors
+from serving_pod.core.types import InferRequest
+
+_log = logging.getLogger(__name__)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def resolve_environment(env_path: str, model_name: str) -> str:
+    """``EXECUTION_ENV_PATH`` -> a python executable (file, env directory or packed env)."""
+    path = Path(env_path)
+    if path.name.endswith((".tar.gz", ".tgz", ".tar")) and path.is_file():
+        path = _unpack(path)
+    if path.is_dir():
+        for candidate in (path / "bin" / "python3", path / "bin" / "python"):
+            if candidate.is_file():
+                return str(candidate)
+    elif path.is_file() and os.access(path, os.X_OK):
+        return str(path)
+    raise errors.ModelLoadError(
+        f"model '{model_name}': EXECUTION_ENV_PATH '{env_path}' is not a python executable, an "
+        "environment directory with bin/python3, or a .tar.gz of one"
+    )
+
+
+def _unpack(archive: Path) -> Path:
+    stat = archive.stat()
+    digest = hashlib.sha256(f"{archive.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / "ferry-python-envs" / digest
+    if not (target / ".ferry-complete").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            try:
+                tar.extractall(target, filter="data")
+            except TypeError:  # python without extraction filters
+                tar.extractall(target)  # noqa: S202
+        (target / ".ferry-complete").touch()
+    return target
+
+
+class _Child:
+    """One child process with its pipes and a stderr forwarder."""
+
+    def __init__(self, executable: str, label: str) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
+        try:
+            self.process = subprocess.Popen(
+                [executable, "-m", "serving_pod.backends.python_stub", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the server, not the terminal, decides when it stops
+            )
+        except OSError as exc:
+            for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+                os.close(fd)
+            raise errors.ModelLoadError(f"model '{label}': cannot start {executable}: {exc}") from None
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.writer = Connection(to_child_w, readable=False)
+        self.reader = Connection(from_child_r, writable=False)
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        #: requests this child is working on, by key (decoupled ones until their final response)
+        self.requests: dict[int, InferRequest] = {}
+        #: cancel flags of the BLS streams the child has open, by the child's stream key
+        self.streams: dict[int, threading.Event] = {}
+        self.channel: Channel | None = None
+        self._stderr = threading.Thread(target=self._forward, name=f"python-stub-{label}-stderr", daemon=True)
+        self._stderr.start()
+
+    def _forward(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        try:
+            for raw in stream:
+                line = raw.decode("utf-8", "replace")
+                self.tail.append(line.rstrip())
+                sys.stderr.write(line)
+        finally:
+            stream.close()
+
+    def describe_exit(self) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._stderr.join(timeout=2)
+        tail = "\n".join(self.tail)
+        status = f"exit code {code}" if code is not None else "still running"
+        return f"{status}" + (f"; last output:\n{tail}" if tail else "")
+
+    def stop(self, timeout: float) -> None:
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+
+class IsolatedInstance:
+    """A python model instance living in its own process (same contract as in-process)."""
+
+    def __init__(self, spec: Any, engine: Any, executable: str) -> None:
+        self._spec = spec
+        self._engine = engine
+        self._executable = executable
+        self._label = spec.instance_name
+        self._keys = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"python-bls-{self._label}")
+        self._child: _Child | None = None
+        self._channel: Channel | None = None
+        self._closed = False
+        try:
+            self._start()
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> None:
+        child = _Child(self._executable, self._label)
+        channel = Channel(
+            child.reader, child.writer, name=f"python-model-{self._label}",
+            on_call=partial(self._on_call, child), on_post=partial(self._on_post, child),
+            schedule=self._pool.submit, inline=frozenset({"cancelled"}),
+            on_close=partial(self._on_child_gone, child),
+        )
+        self._child, self._channel, child.channel = child, channel, channel
+        channel.start()
+        try:
+            channel.call("init", self._spec).result()
+        except ConnectionError:
+            detail = child.describe_exit()
+            channel.close()
+            raise errors.ModelLoadError(
+                f"failed to load python model '{self._spec.model_name}': its isolated process "
+                f"exited during initialize ({detail})"
+            ) from None
+        except Exception as exc:
+            child.process.kill()
+            child.stop(timeout=5)
+            channel.close()
+            if isinstance(exc, errors.ServerError):
+                raise
+            raise errors.ModelLoadError(
+                f"failed to load python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _crash_error(self, child: _Child) -> errors.InternalError:
+        detail = child.describe_exit()
+        return errors.InternalError(
+            f"python model '{self._spec.model_name}' (isolated process of instance "
+            f"'{self._label}') stopped unexpectedly: {detail}"
+        )
+
+    def _on_child_gone(self, child: _Child) -> None:
+        with self._lock:
+            open_requests, child.requests = child.requests, {}
+        if self._closed or not open_requests:
+            return
+        error = self._crash_error(child)
+        for request in open_requests.values():
+            if request.responder is not None and self._spec.decoupled:
+                try:
+                    request.responder(error, True)
+                except Exception:
+                    _log.exception("python model '%s': delivering a crash error failed", self._label)
+
+    def close(self) -> None:
+        """Finalize the model in the child and wait for it to exit."""
+        if self._closed:
+            return
+        self._closed = True
+        channel, child = self._channel, self._child
+        if channel is not None and not channel.closed:
+            try:
+                channel.call("finalize").result(timeout=30)
+            except Exception:
+                _log.warning("python model '%s': finalize in the isolated process failed", self._label)
+        if child is not None:
+            child.writer.close()
+            child.stop(timeout=10)
+        if channel is not None:
+            channel.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        """Same contract as ``PythonModelInstance.execute`` (decoupled: ``None`` per request)."""
+        if self._channel is None or self._channel.closed:
+            if self._closed:
+                return [errors.UnavailableError(f"model '{self._spec.model_name}' is unloaded")] * len(requests)
+            try:
+                _log.warning("python model '%s': restarting its isolated process", self._label)
+                self._start()
+            except errors.ServerError as exc:
+                return [errors.UnavailableError(exc.message) for _ in requests]
+        child, channel = self._child, self._channel
+        assert child is not None and channel is not None
+        keys: list[int] = []
+        shipped: list[InferRequest] = []
+        with self._lock:
+            for request in requests:
+                key = next(self._keys)
+                keys.append(key)
+                child.requests[key] = request
+                shipped.append(InferRequest(
+                    request.model_name, request.model_version, request.inputs, request.outputs,
+                    request.id, request.parameters, request.arrival_ns,
+                    responder=request.responder is not None, cancelled=request.cancelled is not None,
+                ))
+        try:
+            results = channel.call("execute", keys, shipped).result()
+        except ConnectionError:
+            if self._spec.decoupled:  # the responders get the error (``_on_child_gone``)
+                return [None] * len(requests)
+            error = self._crash_error(child)
+            return [errors.InternalError(error.message) for _ in requests]
+        except Exception as exc:
+            message = f"python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
+            results = [errors.InternalError(message) for _ in requests]
+        with self._lock:
+            for key, result in zip(keys, results):
+                if not self._spec.decoupled or result is not None:
+                    child.requests.pop(key, None)
+        return results
+
+    # ------------------------------------------------------------------ child -> server
+    def _on_call(self, child: _Child, kind: str, args: tuple) -> Any:
+        if kind == "cancelled":
+            request = child.requests.get(args[0])
+            return request is not None and request.cancelled is not None and request.cancelled.is_set()
+        if kind == "infer":
+            if self._engine is None:
+                raise errors.UnavailableError(
+                    f"BLS request to model '{args[0].model_name}' failed: this python model instance "
+                    "is not attached to an inference engine"
+                )
+            return self._engine.infer_from_thread(args[0])
+        raise ValueError(f"unknown call '{kind}'")
+
+    def _on_post(self, child: _Child, kind: str, args: tuple) -> None:
+        if kind == "respond":
+            key, message, final = args
+            with self._lock:
+                request = child.requests.pop(key, None) if final else child.requests.get(key)
+            if request is not None and request.responder is not None:
+                request.responder(message, final)
+        elif kind == "stream":
+            self._pool.submit(self._stream, child, *args)
+        elif kind == "stream_cancel":
+            event = child.streams.get(args[0])
+            if event is not None:
+                event.set()
+
+    def _stream(self, child: _Child, key: int, request: InferRequest) -> None:
+        channel = child.channel
+        assert channel is not None
+        request.cancelled = child.streams[key] = threading.Event()
+        try:
+            if self._engine is None:
+                raise errors.UnavailableError(
+                    f"BLS request to model '{request.model_name}' failed: this python model "
+                    "instance is not attached to an inference engine"
+                )
+            for item in self._engine.stream_from_thread(request):
+                channel.post("stream_item", key, item)
+            channel.post("stream_end", key, None)
+        except ConnectionError:
+            pass
+        except Exception as exc:
+            try:
+                channel.post("stream_end", key, exc if isinstance(exc, errors.ServerError) else
+                             errors.InternalError(f"{type(exc).__name__}: {exc}"))
+            except ConnectionError:
+                pass
+        finally:
+            child.streams.pop(key, None)
+
+
+def run_auto_complete(executable: str, model_file: str, config_text: str, label: str) -> Any:
+    """Run ``auto_complete_config`` in a short-lived child with the model's interpreter."""
+    child = _Child(executable, label)
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    def refuse(kind: str, args: tuple) -> Any:
+        raise ValueError(f"'{kind}' is not available during auto-complete")
+
+    channel = Channel(
+        child.reader, child.writer, name=f"python-autocomplete-{label}",
+        on_call=refuse, on_post=lambda kind, args: None, schedule=pool.submit,
+    )
+    channel.start()
+    try:
+        return channel.call("autocomplete", model_file, config_text, label).result()
+    except ConnectionError:
+        raise errors.ModelLoadError(
+            f"auto-complete of python model '{label}' failed: its isolated process exited "
+            f"({child.describe_exit()})"
+        ) from None
+    finally:
+        try:
+            channel.call("finalize").result(timeout=10)
+        except Exception:
+            pass
+        child.writer.close()
+        child.stop(timeout=10)
+        channel.close()
+        pool.shutdown(wait=False)

@@ -1,0 +1,347 @@
+"""One running Triton ``TritonPythonModel``: load, initialize, execute, finalize.
+
+The in-process python backend uses ``PythonModelInstance`` directly; the isolated mode runs the
+very same class inside a child process (``python_stub``). Everything it needs arrives as a
+picklable ``ModelSpec`` (no protobuf), so the child does not depend on the server's config code.
+
+Each instance imports its ``model.py`` as a fresh, uniquely named module, so module globals
+are per instance (as with Triton's one stub process per instance) and two models that both
+ship ``model.py`` or a helper ``utils.py`` next to it never clash. ``async def execute`` runs
+on a per-instance event loop in the calling thread; for decoupled models it runs in the
+background (as Triton does), so the instance can take the next batch while responses flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import logging
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from serving_pod.backends import pb_utils
+from serving_pod.backends.pb_request import bind_thread, register_module, unregister_module
+from serving_pod.backends.python_bridge import ResponseLink
+from serving_pod.core import errors
+from serving_pod.core.types import InferRequest, InferResponse
+
+_log = logging.getLogger(__name__)
+_load_lock = threading.Lock()
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What an instance needs to know, in plain picklable values."""
+
+    model_name: str
+    model_version: str
+    model_dir: str
+    version_dir: str
+    model_file: str
+    instance_name: str
+    instance_kind: str
+    device_id: int
+    config_json: str
+    decoupled: bool
+    output_types: tuple[tuple[str, str], ...]
+
+    def initialize_args(self) -> dict[str, str]:
+        """Triton's ``initialize(args)``: every value a string."""
+        return {
+            "model_config": self.config_json,
+            "model_instance_kind": self.instance_kind,
+            "model_instance_name": self.instance_name,
+            "model_instance_device_id": str(self.device_id),
+            "model_repository": self.model_dir,
+            "model_version": self.model_version,
+            "model_name": self.model_name,
+        }
+
+
+def install_pb_utils() -> None:
+    """Make ``import triton_python_backend_utils`` resolve to our module."""
+    if sys.modules.get("triton_python_backend_utils") is not pb_utils:
+        sys.modules["triton_python_backend_utils"] = pb_utils
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleType:
+    """Import ``model_file`` as a new module; helpers beside it stay private to it.
+
+    No bytecode is written into the model repository (a read-only or polled repository must
+    not change because a model was loaded).
+    """
+    install_pb_utils()
+    name = f"_ferry_model_{re.sub(r'[^0-9A-Za-z_]', '_', label)}_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
+    if spec is None:
+        raise ImportError(f"cannot import {model_file}")
+    module = importlib.util.module_from_spec(spec)
+    with open(model_file, "rb") as handle:
+        code = compile(handle.read(), model_file, "exec")
+    prefix = os.path.abspath(search_dir) + os.sep
+    with _load_lock:
+        before = set(sys.modules)
+        sys.modules[name] = module
+        sys.path.insert(0, search_dir)
+        saved_flag, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+        try:
+            exec(code, module.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        finally:
+            sys.dont_write_bytecode = saved_flag
+            try:
+                sys.path.remove(search_dir)
+            except ValueError:
+                pass
+            for other in set(sys.modules) - before - {name}:
+                path = getattr(sys.modules[other], "__file__", None) or ""
+                if os.path.abspath(path).startswith(prefix):
+                    del sys.modules[other]
+    return module
+
+
+def unload_module(module: ModuleType | None) -> None:
+    if module is not None and sys.modules.get(module.__name__) is module:
+        del sys.modules[module.__name__]
+
+
+class _BackgroundLoop:
+    """An event loop on its own daemon thread (decoupled ``async def execute``)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class PythonModelInstance:
+    """A loaded ``TritonPythonModel`` answering ``execute(list[InferRequest])``.
+
+    Non-decoupled models: returns one ``InferResponse`` or ``ServerError`` per request.
+    Decoupled models: returns a list of ``None`` (one per request) — every response, and any
+    error raised by ``execute``, goes through each request's ``responder``; a request
+    without a responder gets an ``UnsupportedError`` in the list instead.
+    """
+
+    def __init__(self, spec: ModelSpec, engine: Any = None) -> None:
+        self._spec = spec
+        self._engine = engine
+        self._link = ResponseLink(spec.model_name, spec.model_version, spec.decoupled, spec.output_types)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: _BackgroundLoop | None = None
+        self._closed = False
+        self._module: ModuleType | None = None
+        try:
+            self._module = load_model_module(spec.model_file, spec.version_dir, spec.instance_name)
+        except Exception as exc:
+            _log.exception("python model '%s': importing %s failed", spec.model_name, spec.model_file)
+            raise errors.ModelLoadError(
+                f"failed to load python model '{spec.model_name}' from {spec.model_file}: {describe(exc)}"
+            ) from None
+        register_module(self._module.__name__, engine, spec.version_dir)
+        try:
+            self._model = self._instantiate()
+        except BaseException:
+            unregister_module(self._module.__name__)
+            unload_module(self._module)
+            raise
+        self._execute = self._model.execute
+
+    def _instantiate(self) -> Any:
+        spec = self._spec
+        model_class = getattr(self._module, "TritonPythonModel", None)
+        if model_class is None:
+            raise errors.ModelLoadError(
+                f"python model '{spec.model_name}': {spec.model_file} does not define class TritonPythonModel"
+            )
+        bind_thread(self._engine, spec.version_dir)
+        try:
+            model = model_class()
+            if not callable(getattr(model, "execute", None)):
+                raise errors.ModelLoadError(
+                    f"Python model {spec.model_file} does not implement `execute` method."
+                )
+            initialize = getattr(model, "initialize", None)
+            if initialize is not None:
+                self._await(initialize(spec.initialize_args()))
+        except errors.ModelLoadError:
+            raise
+        except (Exception, SystemExit) as exc:
+            _log.exception("python model '%s': initialize failed", spec.model_name)
+            raise errors.ModelLoadError(
+                f"failed to initialize python model '{spec.model_name}': {describe(exc)}"
+            ) from None
+        return model
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        bind_thread(self._engine, self._spec.version_dir)
+        if self._link.decoupled:
+            return self._execute_decoupled(requests)
+        link = self._link
+        wrap = pb_utils.InferenceRequest._from_domain
+        pb_requests = [wrap(request, link) for request in requests]
+        count = len(requests)
+        try:
+            result = self._execute(pb_requests)
+            if type(result) is not list and asyncio.iscoroutine(result):
+                result = self._run(result)
+        except (Exception, SystemExit) as exc:
+            return self._fail_all(count, exc)
+        if type(result) is not list:
+            if result is None:
+                result = [None] * count
+            elif isinstance(result, tuple):
+                result = list(result)
+            else:
+                return self._fail_all(count, TypeError(
+                    f"Expected a list in the execute return, found type '{type(result)}'."
+                ))
+        if len(result) != count:
+            return self._fail_all(count, ValueError(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
+                f"is:{len(result)}"
+            ))
+        to_domain = link.to_domain
+        answers: list[InferResponse | errors.ServerError] = []
+        for request, pb_request, response in zip(requests, pb_requests, result):
+            if response is None:
+                response = pb_request._result
+                if response is None:
+                    answers.append(errors.InternalError(
+                        f"python model '{self._spec.model_name}' returned no response for request "
+                        f"'{request.id}'"
+                    ))
+                    continue
+            answers.append(to_domain(request, response))
+        return answers
+
+    def _message(self, exc: BaseException) -> str:
+        return (
+            f"Failed to process the request(s) for model '{self._spec.instance_name}', "
+            f"message: {describe(exc)}"
+        )
+
+    def _fail_all(self, count: int, exc: BaseException) -> list[Any]:
+        message = self._message(exc)
+        _log.error("%s", message, exc_info=exc)
+        return [errors.InternalError(message) for _ in range(count)]
+
+    def _execute_decoupled(self, requests: list[InferRequest]) -> list[Any]:
+        answers: list[Any] = [None] * len(requests)
+        link = self._link
+        pb_requests = []
+        for index, request in enumerate(requests):
+            if request.responder is None:
+                answers[index] = errors.UnsupportedError(
+                    f"model '{self._spec.model_name}' is decoupled: its responses can only be "
+                    "delivered over a stream"
+                )
+            else:
+                pb_requests.append(pb_utils.InferenceRequest._from_domain(request, link))
+        if not pb_requests:
+            return answers
+        try:
+            result = self._execute(pb_requests)
+            if asyncio.iscoroutine(result):
+                future = self._background_loop().submit(result)
+                future.add_done_callback(lambda f: self._background_done(f, pb_requests))
+            elif result is not None:
+                raise pb_utils.TritonModelException(
+                    f"Python model '{self._spec.model_name}' is using the decoupled mode and the "
+                    "execute function must return None."
+                )
+        except (Exception, SystemExit) as exc:
+            self._fail_open(pb_requests, exc)
+        return answers
+
+    def _background_done(self, future: Any, pb_requests: list[pb_utils.InferenceRequest]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail_open(pb_requests, exc)
+        elif future.result() is not None:
+            self._fail_open(pb_requests, pb_utils.TritonModelException(
+                f"Python model '{self._spec.model_name}' is using the decoupled mode and the "
+                "execute function must return None."
+            ))
+
+    def _fail_open(self, pb_requests: list[pb_utils.InferenceRequest], exc: BaseException) -> None:
+        """Deliver a final error to every request whose sender is still open."""
+        message = self._message(exc)
+        _log.error("%s", message, exc_info=exc)
+        for pb_request in pb_requests:
+            sender = pb_request.get_response_sender()
+            with sender._lock:
+                if sender._closed:
+                    continue
+                sender._closed = True
+            try:
+                pb_request._domain.responder(errors.InternalError(message), True)
+            except Exception:
+                _log.exception("python model '%s': delivering an error failed", self._spec.model_name)
+
+    # ------------------------------------------------------------------ coroutines
+    def _run(self, coro: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.new_event_loop()
+            return loop.run_until_complete(coro)
+        # Called from inside a running loop: run_until_complete is impossible on this thread.
+        return self._background_loop().submit(coro).result()
+
+    def _await(self, value: Any) -> Any:
+        return self._run(value) if asyncio.iscoroutine(value) else value
+
+    def _background_loop(self) -> _BackgroundLoop:
+        if self._background is None:
+            self._background = _BackgroundLoop(f"python-model-{self._spec.instance_name}")
+        return self._background
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Call ``finalize`` (if defined) once; errors are logged, never raised."""
+        if self._closed:
+            return
+        self._closed = True
+        bind_thread(self._engine, self._spec.version_dir)
+        finalize = getattr(self._model, "finalize", None)
+        if finalize is not None:
+            try:
+                self._await(finalize())
+            except (Exception, SystemExit):
+                _log.exception("python model '%s': finalize failed", self._spec.model_name)
+        if self._background is not None:
+            self._background.stop()
+        if self._loop is not None:
+            self._loop.close()
+        if self._module is not None:
+            unregister_module(self._module.__name__)
+        unload_module(self._module)

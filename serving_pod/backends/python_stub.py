@@ -1,0 +1,189 @@
+"""Child-process side of an isolated python model: ``python -m serving_pod.backends.python_stub R W``.
+
+``R``/``W`` are inherited pipe descriptors (server -> child, child -> server). The child hosts
+one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread,
+one at a time: ``init(spec)``, ``execute(keys, requests)``, ``autocomplete(file, json,
+label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
+responses (``respond``), cancellation checks (``cancelled``) and BLS (``infer`` / ``stream``,
+answered by the server's engine). When the server goes away the child finalizes and exits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+import threading
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import Any
+
+from serving_pod.backends.python_ipc import Channel
+
+_END = object()
+
+
+class _RemoteFlag:
+    """``request.cancelled`` in the child: asks the server whether the client went away."""
+
+    __slots__ = ("_channel", "_key")
+
+    def __init__(self, channel: Channel, key: int) -> None:
+        self._channel = channel
+        self._key = key
+
+    def is_set(self) -> bool:
+        try:
+            return bool(self._channel.call("cancelled", self._key).result())
+        except ConnectionError:
+            return True
+
+
+class _RemoteEvent(threading.Event):
+    """Cancel flag of a decoupled BLS stream; setting it tells the server."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self._channel = channel
+        self.key = 0
+
+    def set(self) -> None:
+        if not self.is_set() and self.key:
+            try:
+                self._channel.post("stream_cancel", self.key)
+            except ConnectionError:
+                pass
+        super().set()
+
+
+class _EngineProxy:
+    """The engine as BLS calls see it from the child: every call goes to the server."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._streams: dict[int, queue.Queue] = {}
+        self._keys = itertools.count(1)
+
+    def new_cancel_event(self) -> threading.Event:
+        return _RemoteEvent(self._channel)
+
+    def infer_from_thread(self, request: Any) -> Any:
+        request.cancelled = None
+        return self._channel.call("infer", request).result()
+
+    def stream_from_thread(self, request: Any) -> Any:
+        key = next(self._keys)
+        items: queue.Queue = queue.Queue()
+        self._streams[key] = items
+        cancel = request.cancelled
+        if isinstance(cancel, _RemoteEvent):
+            cancel.key = key
+        request.cancelled = None
+        self._channel.post("stream", key, request)
+        return self._iterate(key, items)
+
+    def _iterate(self, key: int, items: queue.Queue) -> Any:
+        try:
+            while True:
+                item = items.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._streams.pop(key, None)
+
+    def on_stream(self, kind: str, key: int, value: Any) -> None:
+        items = self._streams.get(key)
+        if items is None:
+            return
+        if kind == "stream_item":
+            items.put(value)
+            return
+        if value is not None:  # the stream ended with an error
+            items.put(value)
+        items.put(_END)
+
+    def fail_streams(self) -> None:
+        for items in list(self._streams.values()):
+            items.put(ConnectionError("the server went away"))
+
+
+class _Stub:
+    def __init__(self, channel_factory: Any) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        self.instance: Any = None
+        self.channel: Channel = channel_factory(self)
+        self.engine = _EngineProxy(self.channel)
+
+    def on_call(self, kind: str, args: tuple) -> Any:
+        if kind == "init":
+            from serving_pod.backends.python_model import PythonModelInstance
+
+            self.instance = PythonModelInstance(args[0], self.engine)
+            return True
+        if kind == "execute":
+            keys, requests = args
+            for key, request in zip(keys, requests):
+                # the server sends True where the request has a responder / cancel flag
+                request.responder = partial(self._respond, key) if request.responder else None
+                request.cancelled = _RemoteFlag(self.channel, key) if request.cancelled else None
+            return self.instance.execute(requests)
+        if kind == "autocomplete":
+            from serving_pod.backends.python import _auto_complete_in_process
+
+            return _auto_complete_in_process(*args)
+        if kind == "finalize":
+            self.finalize()
+            self.jobs.put(None)
+            return True
+        raise ValueError(f"unknown call '{kind}'")
+
+    def on_post(self, kind: str, args: tuple) -> None:
+        if kind in ("stream_item", "stream_end"):
+            self.engine.on_stream(kind, *args)
+
+    def _respond(self, key: int, message: Any, final: bool) -> None:
+        try:
+            self.channel.post("respond", key, message, final)
+        except ConnectionError:
+            raise
+        except Exception as exc:  # e.g. an unpicklable response parameter
+            from serving_pod.core.errors import InternalError
+
+            self.channel.post("respond", key, InternalError(f"cannot send response: {exc}"), final)
+
+    def finalize(self) -> None:
+        if self.instance is not None:
+            self.instance.close()
+
+    def run(self) -> None:
+        self.channel.start()
+        while (job := self.jobs.get()) is not None:
+            job()
+        self.finalize()
+
+
+def main(argv: list[str]) -> int:
+    read_fd, write_fd = int(argv[1]), int(argv[2])
+    reader = Connection(read_fd, writable=False)
+    writer = Connection(write_fd, readable=False)
+
+    def make_channel(stub: _Stub) -> Channel:
+        def closed() -> None:
+            stub.engine.fail_streams()
+            stub.jobs.put(None)
+
+        return Channel(
+            reader, writer, name="python-stub",
+            on_call=stub.on_call, on_post=stub.on_post, schedule=stub.jobs.put,
+            on_close=closed,
+        )
+
+    _Stub(make_channel).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,142 @@
+"""``ferry-server`` flags for shared memory, tracing, log file, restricted APIs, TLS and limits.
+
+Kept apart from :mod:`serving_pod.cli` (which calls ``add_arguments`` and ``apply``) so the core
+flag list stays short. Names follow tritonserver where it has the flag (``--allow-client-shm``,
+``--http-restricted-api``, ``--grpc-restricted-protocol``, ``--trace-config``, ``--trace-file``,
+``--trace-level``, ``--trace-rate``, ``--trace-count``, ``--trace-log-frequency``, ``--log-file``,
+``--grpc-use-ssl``, ``--grpc-server-cert``, ``--grpc-server-key``, ``--grpc-root-cert``,
+``--grpc-use-ssl-mutual``); the HTTP TLS and limit flags are Ferry's own. Bad combinations exit
+with code 2 and a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, TlsOptions
+from serving_pod.security import parse_restrictions
+from serving_pod.trace import parse_trace_config
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "on", "yes"):
+        return True
+    if lowered in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true or false)")
+
+
+def _positive(kind: type):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value '{value}'") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"value must be > 0, got {value}")
+        return number
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--allow-client-shm", type=_bool, default=False,
+        help="allow clients to register system/CUDA shared memory regions (default false)")
+    add("--http-restricted-api", action="append", default=[],
+        help="<group>[,<group>...]:<header>=<value>: require that header on those HTTP APIs")
+    add("--grpc-restricted-protocol", action="append", default=[],
+        help="<group>[,<group>...]:<header>=<value>: require that metadata on those RPCs")
+    add("--trace-config", action="append", default=[],
+        help="[<mode>,]<setting>=<value>: level, rate, count, log-frequency, file, mode")
+    add("--trace-file", default=None)
+    add("--trace-level", action="append", default=[], choices=["OFF", "TIMESTAMPS", "TENSORS"])
+    add("--trace-rate", type=_positive(int), default=None)
+    add("--trace-count", type=int, default=None)
+    add("--trace-log-frequency", type=int, default=None)
+    add("--log-file", default="", help="write the log to this file (read-only through the logging API)")
+    add("--grpc-use-ssl", type=_bool, default=False)
+    add("--grpc-use-ssl-mutual", type=_bool, default=False)
+    add("--grpc-server-cert", default="")
+    add("--grpc-server-key", default="")
+    add("--grpc-root-cert", default="")
+    add("--http-ssl-cert", default="", help="serve HTTPS with this certificate (PEM)")
+    add("--http-ssl-key", default="", help="private key of --http-ssl-cert (PEM)")
+    add("--http-ssl-ca", default="", help="CA certificates that client certificates must chain to")
+    add("--http-ssl-mutual", type=_bool, default=False, help="require a client certificate")
+    add("--http-max-header-size", type=_positive(int), default=64 * 1024,
+        help="bytes of request line + headers one HTTP request may send")
+    add("--http-read-timeout-secs", type=_positive(float), default=60.0,
+        help="seconds a client may take to send one whole HTTP request")
+    add("--grpc-max-message-size", type=_positive(int), default=GRPC_MAX_MESSAGE_SIZE)
+    add("--grpc-max-metadata-size", type=_positive(int), default=64 * 1024)
+
+
+def _existing(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
+    if not os.path.isfile(path):
+        parser.error(f"{flag} '{path}': no such file")
+    return path
+
+
+def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[TlsOptions | None, TlsOptions | None]:
+    http = None
+    if args.http_ssl_cert or args.http_ssl_key:
+        if not (args.http_ssl_cert and args.http_ssl_key):
+            parser.error("--http-ssl-cert and --http-ssl-key must be given together")
+        if args.http_ssl_mutual and not args.http_ssl_ca:
+            parser.error("--http-ssl-mutual=true needs --http-ssl-ca")
+        http = TlsOptions(
+            _existing(parser, "--http-ssl-cert", args.http_ssl_cert),
+            _existing(parser, "--http-ssl-key", args.http_ssl_key),
+            _existing(parser, "--http-ssl-ca", args.http_ssl_ca) if args.http_ssl_ca else "",
+            args.http_ssl_mutual,
+        )
+    elif args.http_ssl_mutual:
+        parser.error("--http-ssl-mutual=true needs --http-ssl-cert and --http-ssl-key")
+    grpc = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if not (args.grpc_server_cert and args.grpc_server_key):
+            parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+            parser.error("--grpc-use-ssl-mutual=true needs --grpc-root-cert")
+        grpc = TlsOptions(
+            _existing(parser, "--grpc-server-cert", args.grpc_server_cert),
+            _existing(parser, "--grpc-server-key", args.grpc_server_key),
+            _existing(parser, "--grpc-root-cert", args.grpc_root_cert) if args.grpc_root_cert else "",
+            args.grpc_use_ssl_mutual,
+        )
+    return http, grpc
+
+
+def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(engine_fields, server_fields)`` for EngineOptions / ServerOptions from the parsed flags."""
+    legacy = [f"level={level}" for level in args.trace_level]
+    for key, value in (("file", args.trace_file), ("rate", args.trace_rate), ("count", args.trace_count),
+                       ("log-frequency", args.trace_log_frequency)):
+        if value is not None:
+            legacy.append(f"{key}={value}")
+    try:
+        trace = parse_trace_config(legacy + list(args.trace_config))
+        http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
+        grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
+    except ValueError as exc:
+        parser.error(str(exc))
+    except Exception as exc:  # ServerError from the shared trace-setting validation
+        parser.error(f"invalid trace setting: {exc}")
+    http_tls, grpc_tls = _tls(parser, args)
+    engine = {"allow_client_shm": args.allow_client_shm, "trace": trace}
+    server = {
+        "log_file": args.log_file,
+        "http_restrictions": http_restrictions,
+        "grpc_restrictions": grpc_restrictions,
+        "http_tls": http_tls,
+        "grpc_tls": grpc_tls,
+        "http_max_header_size": args.http_max_header_size,
+        "http_read_timeout_secs": args.http_read_timeout_secs,
+        "grpc_max_message_size": args.grpc_max_message_size,
+        "grpc_max_metadata_size": args.grpc_max_metadata_size,
+    }
+    return engine, server

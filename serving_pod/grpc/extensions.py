@@ -1,0 +1,112 @@
+"""gRPC methods of the shared-memory, trace and logging extensions, mixed into ``InferenceService``.
+
+Same verbs as the HTTP routes in ``serving_pod.http.extensions`` (``engine.shm``,
+``engine.trace_settings``, ``engine.log_settings_update``); protobuf stays in this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from serving_pod.core.errors import ServerError, grpc_code
+from serving_pod.shm import CUDA, SYSTEM
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
+    await context.abort(grpc_code(error), error.message)
+
+
+class ExtensionsMixin:
+    """SystemSharedMemory*, CudaSharedMemory*, TraceSetting and LogSettings."""
+
+    engine: Any
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        try:
+            regions = self.engine.shm.status(SYSTEM, request.name)
+        except ServerError as error:
+            await _abort(context, error)
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        try:
+            self.engine.shm.register_system(request.name, request.key, request.offset, request.byte_size)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        try:
+            self.engine.shm.unregister(SYSTEM, request.name)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        try:
+            regions = self.engine.shm.status(CUDA, request.name)
+        except ServerError as error:
+            await _abort(context, error)
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        try:
+            self.engine.shm.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        try:
+            self.engine.shm.unregister(CUDA, request.name)
+        except ServerError as error:
+            await _abort(context, error)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def TraceSetting(self, request, context):
+        changes: dict[str, Any] = {}
+        for key, setting in request.settings.items():
+            values = list(setting.value)
+            if key == "trace_level":
+                changes[key] = values or None
+            else:
+                changes[key] = values[0] if values else None
+        try:
+            settings = self.engine.trace_settings(request.model_name, changes)
+        except ServerError as error:
+            await _abort(context, error)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    async def LogSettings(self, request, context):
+        changes: dict[str, Any] = {}
+        for key, setting in request.settings.items():
+            which = setting.WhichOneof("parameter_choice")
+            changes[key] = getattr(setting, which) if which else None
+        try:
+            settings = self.engine.log_settings_update(changes)
+        except ServerError as error:
+            await _abort(context, error)
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response

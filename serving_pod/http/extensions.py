@@ -1,0 +1,123 @@
+"""HTTP routes of the shared-memory, trace and logging extensions (added to the app by ``create_app``).
+
+Each route decodes its JSON body -> calls the engine (``engine.shm``, ``engine.trace_settings``,
+``engine.log_settings_update``) -> encodes the answer; errors are ``ServerError``s mapped by the
+app's exception handler, as for every other route.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from serving_pod.core.engine import Engine
+from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.shm import CUDA, SYSTEM
+
+
+def _json(data: Any) -> Response:
+    return Response(orjson.dumps(data), status_code=200, media_type="application/json")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgumentError("request body must be a JSON object")
+    return data
+
+
+def _uint(body: dict[str, Any], key: str, *, required: bool, what: str) -> int:
+    if key not in body:
+        if required:
+            raise InvalidArgumentError(f"{what} register request has no '{key}' field")
+        return 0
+    value = body[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgumentError(f"{what} register request: '{key}' must be an unsigned integer, got {value!r}")
+    return value
+
+
+def add_extension_routes(app: FastAPI, engine: Engine) -> None:
+    """System/CUDA shared memory, trace setting and logging routes."""
+    shm = engine.shm
+
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{region}/status")
+    async def system_status(region: str = "") -> Response:
+        return _json(shm.status(SYSTEM, region))
+
+    @app.post("/v2/systemsharedmemory/region/{region}/register")
+    async def system_register(region: str, request: Request) -> Response:
+        shm.require_allowed()
+        body = await _body(request)
+        key = body.get("key")
+        if key is None:
+            raise InvalidArgumentError("Shared memory register request has no 'key' field")
+        if not isinstance(key, str):
+            raise InvalidArgumentError("Shared memory register request: 'key' must be a string")
+        offset = _uint(body, "offset", required=False, what="Shared memory")
+        byte_size = _uint(body, "byte_size", required=True, what="Shared memory")
+        shm.register_system(region, key, offset, byte_size)
+        return Response(status_code=200)
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{region}/unregister")
+    async def system_unregister(region: str = "") -> Response:
+        shm.unregister(SYSTEM, region)
+        return Response(status_code=200)
+
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/{region}/status")
+    async def cuda_status(region: str = "") -> Response:
+        return _json(shm.status(CUDA, region))
+
+    @app.post("/v2/cudasharedmemory/region/{region}/register")
+    async def cuda_register(region: str, request: Request) -> Response:
+        shm.require_allowed()
+        body = await _body(request)
+        handle = body.get("raw_handle")
+        if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
+            raise InvalidArgumentError("CUDA shared memory register request has no 'raw_handle' {'b64': ...} field")
+        try:
+            raw = base64.b64decode(handle["b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgumentError("CUDA shared memory register request: 'raw_handle' is not valid base64") from None
+        device_id = _uint(body, "device_id", required=True, what="CUDA shared memory")
+        byte_size = _uint(body, "byte_size", required=True, what="CUDA shared memory")
+        shm.register_cuda(region, raw, device_id, byte_size)
+        return Response(status_code=200)
+
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/{region}/unregister")
+    async def cuda_unregister(region: str = "") -> Response:
+        shm.unregister(CUDA, region)
+        return Response(status_code=200)
+
+    @app.get("/v2/trace/setting")
+    @app.get("/v2/models/{model}/trace/setting")
+    async def trace_get(model: str = "") -> Response:
+        return _json(engine.trace_settings(model))
+
+    @app.post("/v2/trace/setting")
+    @app.post("/v2/models/{model}/trace/setting")
+    async def trace_post(request: Request, model: str = "") -> Response:
+        return _json(engine.trace_settings(model, await _body(request)))
+
+    @app.get("/v2/logging")
+    async def logging_get() -> Response:
+        return _json(engine.log_settings_update())
+
+    @app.post("/v2/logging")
+    async def logging_post(request: Request) -> Response:
+        return _json(engine.log_settings_update(await _body(request)))

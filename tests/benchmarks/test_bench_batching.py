@@ -1,0 +1,55 @@
+"""The batching benchmark's generated repository and table (benchmarks/batching.py), without servers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from benchmarks import batching, report, servers
+
+
+def _config(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_repository_has_a_batched_and_an_unbatched_copy(tmp_path: Path) -> None:
+    names = batching.make_repository(servers.BENCH_MODELS / "mlp_onnx", tmp_path)
+    assert names == {"batched": "mlp_onnx_batched", "unbatched": "mlp_onnx_unbatched"}
+    on, off = (_config(tmp_path / names[k] / "config.pbtxt") for k in ("batched", "unbatched"))
+    assert on.name == "mlp_onnx_batched" and on.dynamic_batching.max_queue_delay_microseconds == 200
+    assert off.name == "mlp_onnx_unbatched" and not off.HasField("dynamic_batching")
+    assert on.max_batch_size == off.max_batch_size == 64
+    original = (servers.BENCH_MODELS / "mlp_onnx" / "1" / "model.onnx").read_bytes()
+    assert all((tmp_path / n / "1" / "model.onnx").read_bytes() == original for n in names.values())
+
+
+def test_repository_refuses_a_model_that_cannot_batch(tmp_path: Path) -> None:
+    source = tmp_path / "src" / "nobatch"
+    (source / "1").mkdir(parents=True)
+    (source / "config.pbtxt").write_text('name: "nobatch"\nbackend: "python"\nmax_batch_size: 0\n')
+    with pytest.raises(SystemExit, match="max_batch_size 0; batching needs >= 2"):
+        batching.make_repository(source, tmp_path / "out")
+
+
+def test_table_lists_ratio_per_concurrency() -> None:
+    m = report.Measurement
+    summaries = report.summarize([m("batched", "http", 16, 1, 3000, 8000), m("unbatched", "http", 16, 1, 1000, 20000),
+                                  m("batched", "http", 1, 1, 500, 2000)])
+    table = batching.format_table(summaries)
+    assert "3000.0" in table and "1000.0" in table and "3.00" in table
+    assert len(table.splitlines()) == 2  # c=1 lacks its unbatched twin and is left out
+    (ratio,) = report.ratios(summaries, "unbatched")
+    assert ratio.throughput_ratio == 3.0 and math.isclose(ratio.p99_ratio, 0.4)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    m = report.Measurement
+    summaries = report.summarize([m(label, "http", c, 1, c * f, 1000 + c * 100) for label, f in
+                                  (("batched", 300.0), ("unbatched", 100.0)) for c in (1, 2, 4)])
+    message = batching.plot(summaries, tmp_path / "p.png", "t")
+    assert message.startswith("wrote") and (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,67 @@
+"""The benchmark models shipped in benchmarks/models: reproducible, loadable, same I/O as the reference bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from benchmarks import make_models
+
+MODELS = Path(make_models.__file__).resolve().parent / "models"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "models" / "bench"
+
+
+def _config(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_shipped_mlp_is_the_generator_output() -> None:
+    pytest.importorskip("onnx")
+    assert make_models.MLP_PATH.read_bytes() == make_models.build_mlp_bytes(), \
+        "benchmarks/models/mlp_onnx/1/model.onnx is stale: run python -m benchmarks.make_models"
+
+
+def test_mlp_runs_with_batched_io() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(make_models.MLP_PATH), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((5, 256)).astype(np.float32)
+    (y,) = session.run(None, {"INPUT0": x})
+    assert y.shape == (5, 64) and y.dtype == np.float32
+    (y0,) = session.run(None, {"INPUT0": x[:1]})
+    np.testing.assert_allclose(y[:1], y0, rtol=1e-4, atol=1e-5)  # rows are independent: batching is safe
+    assert np.std(y) > 0.1  # not a degenerate all-zero network
+
+
+@pytest.mark.parametrize("name", ["double_py", "mlp_onnx"])
+def test_configs_parse_as_triton_model_config(name: str) -> None:
+    config = _config(MODELS / name / "config.pbtxt")
+    assert config.name == name and config.max_batch_size == 64
+    assert config.HasField("dynamic_batching")
+    assert [i.name for i in config.input] == ["INPUT0"] and [o.name for o in config.output] == ["OUTPUT0"]
+
+
+@pytest.mark.parametrize("name", ["double_py", "mlp_onnx"])
+def test_configs_match_the_reference_bench_when_present(name: str) -> None:
+    reference = REFERENCE / name / "config.pbtxt"
+    if not reference.exists():
+        pytest.skip(f"reference bench models not present at {REFERENCE}")
+    assert _config(MODELS / name / "config.pbtxt") == _config(reference)
+
+
+def test_mlp_graph_io_matches_the_reference_when_present() -> None:
+    onnx = pytest.importorskip("onnx")
+    reference = REFERENCE / "mlp_onnx" / "1" / "model.onnx"
+    if not reference.exists():
+        pytest.skip(f"reference bench models not present at {REFERENCE}")
+
+    def signature(model: Any) -> tuple:
+        g = model.graph
+        return ([n.op_type for n in g.node], [tuple(i.dims) for i in g.initializer],
+                [(v.name, v.type.tensor_type.elem_type) for v in (*g.input, *g.output)])
+
+    assert signature(onnx.load(str(make_models.MLP_PATH))) == signature(onnx.load(str(reference)))

@@ -1,0 +1,2 @@
+"""A helper module beside model.py; each sibling model has its own."""
+WHO = "b"

@@ -1,0 +1,175 @@
+"""Trace and logging extensions over HTTP and gRPC: settings round-trip, trace JSON, read-only file paths."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from serving_pod.logging_settings import LogSettings
+from serving_pod.trace import TraceConfig, Tracer, parse_trace_config
+from support.server import test_model_config, write_model
+
+PROTOCOLS = ["http", "grpc"]
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    return tmp_path / "out" / "trace.json"
+
+
+@pytest.fixture
+def server(threaded_server, tmp_path, trace_file):
+    repo = tmp_path / "repo"
+    write_model(repo, "idt", test_model_config("idt"))
+    write_model(repo, "other", test_model_config("other"))
+    trace_file.parent.mkdir()
+    return threaded_server([repo], trace=TraceConfig(file=str(trace_file)), log_file=str(tmp_path / "server.log"))
+
+
+def _infer(server, protocol, model="idt", count=1):
+    client, module = server.client(protocol), server.module(protocol)
+    infer_input = module.InferInput("INPUT0", [1, 4], "FP32")
+    infer_input.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    for _ in range(count):
+        client.infer(model, [infer_input], request_id="r1")
+
+
+def _settings(value, protocol):
+    if protocol == "http":
+        return value
+    return {k: list(v.value) if k == "trace_level" else v.value[0] for k, v in value.settings.items()}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trace_settings_and_trace_file(server, protocol, trace_file):
+    client = server.client(protocol)
+    initial = _settings(client.get_trace_settings(), protocol)
+    assert initial["trace_level"] == ["OFF"] and initial["trace_rate"] == "1000"
+    assert initial["trace_file"] == str(trace_file)
+    _infer(server, protocol)
+    assert not trace_file.exists()  # tracing is off
+
+    updated = _settings(client.update_trace_settings(
+        model_name="idt", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "2"}), protocol)
+    assert updated["trace_level"] == ["TIMESTAMPS"] and updated["trace_rate"] == "2"
+    assert _settings(client.get_trace_settings(), protocol)["trace_level"] == ["OFF"]  # global unchanged
+    _infer(server, protocol, count=4)
+    _infer(server, protocol, model="other", count=2)  # not traced: its setting is the global OFF
+
+    traces = json.loads(trace_file.read_text())
+    assert len(traces) == 2  # every 2nd of 4 requests
+    names = [t["name"] for t in traces[0]["timestamps"]]
+    assert names == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    ns = [t["ns"] for t in traces[0]["timestamps"]]
+    assert ns == sorted(ns) and ns[0] > 0
+    assert {t["model_name"] for t in traces} == {"idt"} and traces[0]["model_version"] == 1
+    assert traces[0]["request_id"] == "r1" and traces[0]["id"] != traces[1]["id"]
+
+    # count limits the number of traces; a null value resets a model setting to the global one
+    client.update_trace_settings(model_name="idt", settings={"trace_rate": "1", "trace_count": "1"})
+    _infer(server, protocol, count=3)
+    assert len(json.loads(trace_file.read_text())) == 3
+    reset = _settings(client.update_trace_settings(model_name="idt", settings={"trace_level": None}), protocol)
+    assert reset["trace_level"] == ["OFF"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trace_file_cannot_be_moved_and_bad_values_are_refused(server, protocol, tmp_path):
+    client = server.client(protocol)
+    target = tmp_path / "evil.json"
+    with pytest.raises(InferenceServerException, match="trace file location can not be updated"):
+        client.update_trace_settings(settings={"trace_file": str(target)})
+    with pytest.raises(InferenceServerException, match="Unable to parse 'trace_rate', got: fast"):
+        client.update_trace_settings(settings={"trace_rate": "fast"})
+    with pytest.raises(InferenceServerException, match="Expect only one trace level 'OFF'"):
+        client.update_trace_settings(settings={"trace_level": ["OFF", "TIMESTAMPS"]})
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
+        client.get_trace_settings(model_name="nope")
+    _infer(server, protocol)
+    assert not target.exists()
+
+
+def _log(value, protocol):
+    if protocol == "http":
+        return value
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in value.settings.items()}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_log_settings_update_and_read_only_log_file(server, protocol, tmp_path):
+    client = server.client(protocol)
+    current = _log(client.get_log_settings(), protocol)
+    assert current == {"log_file": str(tmp_path / "server.log"), "log_info": True, "log_warning": True,
+                       "log_error": True, "log_verbose_level": 0, "log_format": "default"}
+    new = _log(client.update_log_settings({"log_verbose_level": 1, "log_info": False, "log_format": "ISO8601"}),
+               protocol)
+    assert new["log_verbose_level"] == 1 and new["log_info"] is False and new["log_format"] == "ISO8601"
+    assert logging.getLogger("ferry").level == logging.DEBUG
+    target = tmp_path / "evil.log"
+    with pytest.raises(InferenceServerException, match="log file location can not be updated through network protocol"):
+        client.update_log_settings({"log_file": str(target), "log_info": True})
+    assert _log(client.get_log_settings(), protocol)["log_info"] is False  # nothing applied from a refused update
+    with pytest.raises(InferenceServerException, match="invalid argument for --log_format, got: xml"):
+        client.update_log_settings({"log_format": "xml"})
+    client.update_log_settings({"log_verbose_level": 0, "log_info": True, "log_format": "default"})
+    _infer(server, protocol)
+    assert not target.exists()
+
+
+def test_installed_log_settings_write_to_the_log_file_and_filter_levels(tmp_path):
+    log_file = tmp_path / "ferry.log"
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    settings = LogSettings(file=str(log_file))
+    try:
+        settings.install()
+        logging.getLogger("ferry.test").info("hello info")
+        settings.update({"log_info": False})
+        logging.getLogger("ferry.test").info("hidden info")
+        logging.getLogger("ferry.test").warning("a warning")
+        settings.handler.flush()
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    text = log_file.read_text()
+    assert "hello info" in text and "a warning" in text and "hidden info" not in text
+
+
+def test_trace_config_flags_parse_like_tritonserver():
+    config = parse_trace_config(["triton,file=/tmp/t.json", "level=TIMESTAMPS", "rate=5", "count=10",
+                                 "log-frequency=2", "mode=triton"])
+    assert config == TraceConfig(level=("TIMESTAMPS",), rate=5, count=10, log_frequency=2, file="/tmp/t.json")
+    with pytest.raises(ValueError, match="unknown trace mode"):
+        parse_trace_config(["zipkin,url=x"])
+    with pytest.raises(ValueError, match="expected"):
+        parse_trace_config(["level"])
+
+
+def test_log_frequency_rotates_trace_files(tmp_path):
+    tracer = Tracer(TraceConfig(level=("TIMESTAMPS",), rate=1, log_frequency=2, file=str(tmp_path / "t.json")))
+    for _ in range(5):
+        tracer.finish(tracer.start("m", "1", "", 1))
+    tracer.close()
+    assert [len(json.loads((tmp_path / f"t.json.{i}").read_text())) for i in range(3)] == [2, 2, 1]
+
+
+def test_opentelemetry_mode_exports_spans():
+    sdk = pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer(TraceConfig(level=("TIMESTAMPS",), rate=1, mode="opentelemetry"),
+                    otel_tracer=provider.get_tracer("test"))
+    trace = tracer.start("idt", "1", "req", 123)
+    trace.stamp("QUEUE_START")
+    tracer.finish(trace)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "InferRequest" and span.attributes["triton.model_name"] == "idt"
+    assert [e.name for e in span.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]

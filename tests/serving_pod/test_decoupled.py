@@ -1,0 +1,182 @@
+"""Decoupled python models over gRPC ModelStreamInfer with tritonclient's streaming API.
+
+Models in tests/serving_pod/data/decoupled: ``dec_counter`` (N responses, errors, cancellation),
+``dec_async`` (async execute), ``dec_seq`` (a decoupled sequence model). Covers: N responses then the
+final flag (``triton_final_response``), the empty final response on request, errors in-stream, HTTP
+refusal, cancellation visible to the model when the client goes away, sequences over a stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+DATA = Path(__file__).resolve().parent / "data" / "decoupled"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from support.server import ServerThread, make_options
+
+    repo = tmp_path_factory.mktemp("decoupled_repo")
+    for name in ("dec_counter", "dec_async", "dec_seq"):
+        shutil.copytree(DATA / name, repo / name)
+    thread = ServerThread(make_options([repo]))
+    handle = thread.start()
+    assert not handle.engine.startup_failures, handle.engine.startup_failures
+    yield handle
+    thread.stop()
+
+
+class Stream:
+    """A tritonclient gRPC stream whose callback results land in a queue."""
+
+    def __init__(self, handle) -> None:
+        self.client = grpcclient.InferenceServerClient(handle.grpc_url)
+        self.items: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.items.put(error or result))
+
+    def send(self, model: str, name: str, value: int, **kwargs) -> None:
+        tensor = grpcclient.InferInput(name, [1], "INT32")
+        tensor.set_data_from_numpy(np.array([value], np.int32))
+        self.client.async_stream_infer(model, [tensor], **kwargs)
+
+    def take(self, count: int, timeout: float = 20.0) -> list:
+        return [self.items.get(timeout=timeout) for _ in range(count)]
+
+    def assert_quiet(self, seconds: float = 0.3) -> None:
+        with pytest.raises(queue.Empty):
+            self.items.get(timeout=seconds)
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def _final(result) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+def test_streams_n_responses_then_final(server) -> None:
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 5, request_id="five")
+    results = stream.take(5)
+    assert [int(r.as_numpy("OUT")[0]) for r in results] == [0, 1, 2, 3, 4]
+    assert [r.get_response().id for r in results] == ["five"] * 5
+    assert [_final(r) for r in results] == [False] * 5
+    stream.assert_quiet()  # the flag-only final response is not sent unless asked for
+    stream.close()
+
+
+def test_empty_final_response_when_enabled(server) -> None:
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 2, enable_empty_final_response=True)
+    results = stream.take(3)
+    assert [_final(r) for r in results] == [False, False, True]
+    assert results[2].as_numpy("OUT") is None
+    stream.send("dec_counter", "COUNT", 0, enable_empty_final_response=True)
+    (only,) = stream.take(1)
+    assert _final(only) and only.as_numpy("OUT") is None
+    stream.close()
+
+
+def test_final_flag_on_a_data_response(server) -> None:
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 3, parameters={"mode": "final_with_data"}, enable_empty_final_response=True)
+    results = stream.take(3)
+    assert [int(r.as_numpy("OUT")[0]) for r in results] == [0, 1, 2]
+    assert [_final(r) for r in results] == [False, False, True]
+    stream.assert_quiet()
+    stream.close()
+
+
+def test_async_execute_streams(server) -> None:
+    stream = Stream(server)
+    stream.send("dec_async", "COUNT", 4)
+    assert [int(r.as_numpy("OUT")[0]) for r in stream.take(4)] == [10, 20, 30, 40]
+    stream.close()
+
+
+def test_concurrent_requests_on_one_stream(server) -> None:
+    stream = Stream(server)
+    for index in range(4):
+        stream.send("dec_counter", "COUNT", 3, request_id=f"r{index}")
+    by_id: dict[str, list[int]] = {}
+    for result in stream.take(12):
+        by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("OUT")[0]))
+    assert by_id == {f"r{index}": [0, 1, 2] for index in range(4)}
+    stream.close()
+
+
+def test_errors_arrive_in_stream_and_the_stream_goes_on(server) -> None:
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 2, parameters={"mode": "raise"})
+    (error,) = stream.take(1)
+    assert isinstance(error, InferenceServerException) and "asked to fail after 2" in str(error)
+    stream.send("dec_counter", "WRONG_INPUT", 1)
+    (error,) = stream.take(1)
+    assert isinstance(error, InferenceServerException) and "unexpected inference input 'WRONG_INPUT'" in str(error)
+    stream.send("dec_counter", "COUNT", 1)
+    (ok,) = stream.take(1)
+    assert int(ok.as_numpy("OUT")[0]) == 0
+    stream.close()
+
+
+def test_http_infer_on_decoupled_model_is_refused(server) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("dec_counter", [tensor])
+    assert "model 'dec_counter' is decoupled: use the gRPC streaming API (ModelStreamInfer)" in str(error.value)
+    client.close()
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException, match="is decoupled"):
+        grpc_client.infer("dec_counter", [tensor])  # unary ModelInfer cannot carry 0..N responses either
+    grpc_client.close()
+
+
+def test_model_sees_cancellation_when_the_client_goes_away(server, tmp_path) -> None:
+    marker = tmp_path / "marker"
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 1, parameters={"mode": "until_cancelled", "marker": str(marker)})
+    (first,) = stream.take(1)
+    assert int(first.as_numpy("OUT")[0]) == 0
+    stream.close(cancel=True)
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists() and marker.read_text() == "cancelled"
+
+
+def test_sequences_over_a_stream(server) -> None:
+    """Two interleaved sequences of a decoupled sequence model on one stream: each keeps its own total."""
+    stream = Stream(server)
+    plan = {"seq-a": [1, 2, 3], "seq-b": [100, 200, 300]}
+    for step in range(3):
+        for key, values in plan.items():
+            stream.send("dec_seq", "INPUT", values[step], request_id=f"{key}:{step}", sequence_id=key,
+                        sequence_start=step == 0, sequence_end=step == 2)
+    got: dict[str, list[int]] = {}
+    for result in stream.take(12):
+        assert not isinstance(result, Exception), result
+        got.setdefault(result.get_response().id, []).append(int(result.as_numpy("TOTAL")[0]))
+    assert got == {
+        "seq-a:0": [1, 10], "seq-a:1": [3, 30], "seq-a:2": [6, 60],
+        "seq-b:0": [100, 1000], "seq-b:1": [300, 3000], "seq-b:2": [600, 6000],
+    }
+    stream.send("dec_seq", "INPUT", 1, sequence_id="seq-a")  # ended: a new START is needed
+    (error,) = stream.take(1)
+    assert isinstance(error, InferenceServerException) and "must specify the START flag" in str(error)
+    stream.close()

@@ -1,0 +1,124 @@
+"""Install and locate NVIDIA Triton 2.51 (CPU, python backend) — the side-by-side anchor for benchmarks.
+
+Triton comes from the ``nvidia-pytriton==0.7.0`` wheel, downloaded with ``--no-deps`` and unzipped into
+``.tools/`` (never pip-installed). Layout kept as in the wheel so the binaries' RPATHs find
+``nvidia_pytriton.libs``: ``pytriton/tritonserver/bin/tritonserver`` and ``backends/python/``, into which the
+python backend stub for *this* interpreter is copied. The stub embeds libpython, so ``LD_LIBRARY_PATH`` starts
+with this interpreter's ``LIBDIR`` (else the system libpython is picked and the stub fails). Triton exits when
+any model fails to load: start it with ``--model-control-mode=explicit --load-model=NAME`` (:func:`triton_args`).
+Shared install helpers live in ``perf_analyzer.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .perf_analyzer import (
+    InstallError,
+    Located,
+    extract_wheel,
+    locked,
+    pip_download,
+    prepend_env_path,
+    tools_dir,
+)
+
+TRITON_VERSION = "2.51.0"
+PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
+_PREFIXES = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
+_STUB = "triton_python_backend_stub"
+
+
+def _python_libdir() -> Path:
+    """The directory holding this interpreter's shared libpython (the stub must load exactly this one)."""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        raise InstallError(f"{sys.executable} has no shared libpython (built without --enable-shared); "
+                           "Triton's python backend stub needs one")
+    libdir = Path(str(sysconfig.get_config_var("LIBDIR")))
+    soname = str(sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY"))
+    if not (libdir / soname).exists():
+        raise InstallError(f"shared libpython {libdir / soname} not found")
+    return libdir
+
+
+def _unpack(tools: Path) -> Path:
+    home = tools / f"triton-{TRITON_VERSION}"
+    if not (home / "pytriton" / "tritonserver" / "bin" / "tritonserver").exists():
+        wheel = pip_download(PYTRITON_REQUIREMENT, tools / "wheels")
+        extract_wheel(wheel, _PREFIXES, home)
+    return home / "pytriton" / "tritonserver"
+
+
+def _install_stub(root: Path) -> None:
+    """Copy the stub built for this Python into ``backends/python/`` (re-copied when the Python changes)."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = root / "python_backend_stubs" / py / _STUB
+    if not source.exists():
+        have = sorted(p.name for p in (root / "python_backend_stubs").iterdir())
+        raise InstallError(f"{PYTRITON_REQUIREMENT} has no python backend stub for Python {py} (has {have})")
+    target = root / "backends" / "python" / _STUB
+    if not target.exists() or target.read_bytes() != source.read_bytes():
+        shutil.copyfile(source, target)
+    target.chmod(0o755)
+    (root / "bin" / "tritonserver").chmod(0o755)
+
+
+def ensure_triton(tools: Path | None = None) -> Located:
+    """Install (once) and verify Triton; ``command()`` already carries ``--backend-directory``."""
+    tools = tools or tools_dir()
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return Located(None, f"Triton {TRITON_VERSION} from {PYTRITON_REQUIREMENT} needs Linux x86_64")
+    try:
+        libdir = _python_libdir()
+        with locked(tools):
+            root = _unpack(tools)
+            _install_stub(root)
+    except (InstallError, OSError, zipfile.BadZipFile) as exc:
+        return Located(None, f"cannot install Triton {TRITON_VERSION}: {exc}")
+    env = prepend_env_path(os.environ, "LD_LIBRARY_PATH", [libdir])
+    if sys.prefix != sys.base_prefix:  # a venv: the stub's embedded interpreter must still see its packages
+        env = prepend_env_path(env, "PYTHONPATH", site.getsitepackages())
+    server = root / "bin" / "tritonserver"
+    try:  # `--help` exits 1 after printing usage; a missing library fails before that
+        proc = subprocess.run([str(server), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Located(None, f"tritonserver {TRITON_VERSION} does not run here: {exc}")
+    if "Usage: tritonserver" not in proc.stdout + proc.stderr:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        return Located(None, f"tritonserver {TRITON_VERSION} does not run here (exit {proc.returncode}): {tail}")
+    return Located(server, "", env, ("--backend-directory", str(root / "backends")))
+
+
+@functools.cache
+def cached_triton() -> Located:
+    """:func:`ensure_triton` once per process."""
+    return ensure_triton()
+
+
+def triton_or_skip() -> Located:
+    """For tests: the located Triton, or ``pytest.skip`` with the installer's reason."""
+    import pytest
+
+    located = cached_triton()
+    if not located.ok:
+        pytest.skip(located.reason)
+    return located
+
+
+def triton_args(model_repositories: Sequence[Path | str], load_models: Sequence[str], *, http_port: int,
+                grpc_port: int, metrics_port: int) -> list[str]:
+    """tritonserver flags for explicit model control on the given ports (CPU only, quiet)."""
+    args = [f"--model-repository={repo}" for repo in model_repositories]
+    args += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in load_models),
+             f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+             "--allow-gpu-metrics=false", "--log-verbose=0"]
+    return args
