@@ -83,7 +83,8 @@ def build_registry(config: OperatorConfig, *, login: Login = default_login) -> k
         if getattr(memo, "kube", None) is not None:
             await memo.kube.close()
 
-    @kopf.index("apps", "v1", "deployments", labels={naming.LABEL_ISVC: kopf.PRESENT}, registry=registry)
+    # The id is the keyword under which kopf hands the index to the other handlers.
+    @kopf.index("apps", "v1", "deployments", id=INDEX, labels={naming.LABEL_ISVC: kopf.PRESENT}, registry=registry)
     def deployments_by_isvc(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> Any:
         return {(namespace, labels[naming.LABEL_ISVC]): observe(body)}
 
@@ -108,19 +109,21 @@ def build_registry(config: OperatorConfig, *, login: Login = default_login) -> k
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
-    @kopf.on.resume(*isvcs, registry=registry)
-    @kopf.on.create(*isvcs, registry=registry)
-    @kopf.on.update(*isvcs, registry=registry)
+    backoff = config.retry_delay_seconds
+
+    @kopf.on.resume(*isvcs, registry=registry, backoff=backoff)
+    @kopf.on.create(*isvcs, registry=registry, backoff=backoff)
+    @kopf.on.update(*isvcs, registry=registry, backoff=backoff)
     async def reconcile_on_change(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
         await _reconcile(body, memo, patch, kwargs[INDEX], logger)
 
-    @kopf.timer(*isvcs, interval=config.resync_seconds, registry=registry)
+    @kopf.timer(*isvcs, interval=config.resync_seconds, registry=registry, backoff=backoff)
     async def reconcile_on_timer(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return
         await _reconcile(body, memo, patch, kwargs[INDEX], logger)
 
-    @kopf.on.delete(*isvcs, registry=registry)
+    @kopf.on.delete(*isvcs, registry=registry, backoff=backoff)
     async def clean_up(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
         meta = body.get("metadata") or {}
         states = kwargs[INDEX].get((meta.get("namespace"), meta.get("name")), [])

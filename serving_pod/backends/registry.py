@@ -15,12 +15,16 @@ BACKEND_MODULES: dict[str, str] = {
     "ferry_test": "serving_pod.backends.testing",
 }
 
-_cache: dict[str, Backend] = {}
+_cache: dict[tuple[str, frozenset], Backend] = {}
 
 
-def get_backend(name: str) -> Backend:
-    """The backend called ``name``; ModelLoadError naming the known ones when there is none."""
-    backend = _cache.get(name)
+def get_backend(name: str, backend_config: dict[str, str] | None = None) -> Backend:
+    """The backend called ``name`` with its ``--backend-config`` settings (one object per distinct settings).
+
+    ModelLoadError naming the known backends when there is none.
+    """
+    key = (name, frozenset((backend_config or {}).items()))
+    backend = _cache.get(key)
     if backend is not None:
         return backend
     module_name = BACKEND_MODULES.get(name)
@@ -29,6 +33,6 @@ def get_backend(name: str) -> Backend:
             f"unable to find backend '{name}'; available backends: {', '.join(sorted(BACKEND_MODULES))}"
         )
     module = importlib.import_module(module_name)
-    backend = module.create_backend()
-    _cache[name] = backend
+    backend = module.create_backend(backend_config) if backend_config else module.create_backend()
+    _cache[key] = backend
     return backend

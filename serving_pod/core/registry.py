@@ -30,7 +30,7 @@ from serving_pod.core.errors import (
 )
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
-from serving_pod.repository.prepare import prepare_config
+from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.repository.repository import ModelRepository, ModelSource
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
@@ -272,7 +272,11 @@ class ModelRegistry:
     ) -> list[tuple[mc.ModelConfig, int, Any]]:
         """Loader thread: prepare the config and create every instance of every version."""
         config, backend_name, versions = prepare_config(
-            name, model_dir, autocomplete=self.autocomplete, override_json=config_override
+            name,
+            model_dir,
+            autocomplete=self.autocomplete,
+            override_json=config_override,
+            backend_config=self.backend_config,
         )
         built = []
         try:
@@ -280,7 +284,8 @@ class ModelRegistry:
                 if backend_name == "ensemble":
                     built.append((config, version, None))
                     continue
-                backend = get_backend(backend_name)
+                settings = backend_settings(self.backend_config, backend_name)
+                backend = get_backend(backend_name, settings)
                 instances, names = [], []
                 # listed before creation so a failing instance or warmup closes the ones made so far
                 built.append((config, version, (instances, names)))
@@ -299,7 +304,7 @@ class ModelRegistry:
                                 name=instance_name,
                                 kind=kind,
                                 device_id=device,
-                                backend_config=self.backend_config.get(backend_name, {}),
+                                backend_config=settings,
                                 engine=self.engine,
                             )
                             instances.append(backend.create_instance(context))

@@ -23,6 +23,7 @@ def prepare_config(
     *,
     autocomplete: bool = True,
     override_json: str | None = None,
+    backend_config: dict[str, dict[str, str]] | None = None,
 ) -> tuple[mc.ModelConfig, str, list[int]]:
     """The completed config, its backend name and the versions to load."""
     if not model_dir.is_dir():
@@ -39,7 +40,7 @@ def prepare_config(
     backend_name = resolve_backend(config, model_dir)
     versions = select_versions(config, model_dir)
     if backend_name != "ensemble":
-        backend = get_backend(backend_name)
+        backend = get_backend(backend_name, backend_settings(backend_config, backend_name))
         if autocomplete:
             version_dir = model_dir / str(versions[-1])
             backend.auto_complete(config, model_dir, version_dir if version_dir.is_dir() else None)
@@ -50,9 +51,16 @@ def prepare_config(
             ):
                 config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
-    _default_instance_groups(config)
+    _default_instance_groups(config, backend_name)
     validate_config(config)
     return config, backend_name, versions
+
+
+def backend_settings(backend_config: dict[str, dict[str, str]] | None, backend: str) -> dict[str, str]:
+    """Global ``--backend-config=<key>=<value>`` settings overlaid by the backend's own."""
+    if not backend_config:
+        return {}
+    return {**backend_config.get("", {}), **backend_config.get(backend, {})}
 
 
 def _check_model_files(
@@ -69,15 +77,43 @@ def _check_model_files(
             )
 
 
-def _default_instance_groups(config: mc.ModelConfig) -> None:
+def _default_instance_groups(config: mc.ModelConfig, backend: str) -> None:
+    """Triton's defaults: one group of one instance; KIND_AUTO is GPU where the backend can use a visible GPU."""
     if config.platform == "ensemble":
         return
     if not config.instance_group:
-        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
     for index, group in enumerate(config.instance_group):
         if group.count == 0:
             group.count = 1
         if not group.name:
             group.name = f"{config.name}_{index}"
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_CPU
+            group.kind = (
+                mc.ModelInstanceGroup.KIND_GPU
+                if _backend_uses_gpu(backend)
+                else mc.ModelInstanceGroup.KIND_CPU
+            )
+
+
+def _backend_uses_gpu(backend: str) -> bool:
+    if backend == "tensorrt":
+        return True  # TensorRT plans only run on a GPU
+    if backend != "onnxruntime" or visible_gpu_count() == 0:
+        return False
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def visible_gpu_count() -> int:
+    """GPUs NVML can see (0 without nvidia-ml-py or a driver)."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return 0

@@ -76,3 +76,11 @@ def test_model_names_that_are_paths_are_refused(name):
 def test_file_and_folder_with_the_same_name_is_a_clear_error():
     with pytest.raises(InvalidArgumentError, match="invalid file override"):
         materialize_override("m", {"1": b"x", "1/model.onnx": b"y"})
+
+
+def test_failed_override_load_leaves_nothing_behind(server):
+    before = _tmp_snapshot()
+    with pytest.raises(InferenceServerException):
+        server.client("grpc").load_model("ov", config="{not json", files={"file:1/x": b"x"})
+    assert _tmp_snapshot() - before == set()
+    assert server.engine.model_ready("idt")

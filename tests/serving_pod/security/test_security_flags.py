@@ -1,0 +1,67 @@
+"""ferry-server flags of the security/protocol extensions: parsed into options, bad combinations exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving_pod.cli import build_parser, options_from_args
+from serving_pod.security import Restriction
+
+
+def _options(*argv: str):
+    parser = build_parser()
+    return options_from_args(parser.parse_args(list(argv)), parser)
+
+
+def test_defaults_are_safe():
+    options = _options()
+    assert options.engine.allow_client_shm is False
+    assert options.engine.trace.level == ("OFF",)
+    assert options.http_restrictions == {} and options.grpc_tls is None and options.http_tls is None
+    assert options.log_file == ""
+
+
+def test_flags_map_to_options(tmp_path):
+    cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
+    for path in (cert, key, ca):
+        path.write_text("x")
+    options = _options(
+        "--allow-client-shm=true", "--http-restricted-api=shared-memory:k=v",
+        "--grpc-restricted-protocol=health,inference:h=1", "--trace-file=/tmp/t.json", "--trace-level=TIMESTAMPS",
+        "--trace-rate=10", "--trace-config=count=5", "--log-file=/tmp/ferry.log",
+        "--grpc-use-ssl=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}", f"--grpc-root-cert={ca}",
+        "--grpc-use-ssl-mutual=true", f"--http-ssl-cert={cert}", f"--http-ssl-key={key}",
+        "--http-max-header-size=4096", "--http-read-timeout-secs=2.5", "--grpc-max-message-size=1024",
+    )
+    assert options.engine.allow_client_shm is True
+    assert options.http_restrictions == {"shared-memory": Restriction("k", "v")}
+    assert set(options.grpc_restrictions) == {"health", "inference"}
+    trace = options.engine.trace
+    assert (trace.level, trace.rate, trace.count, trace.file) == (("TIMESTAMPS",), 10, 5, "/tmp/t.json")
+    assert options.log_file == "/tmp/ferry.log"
+    assert options.grpc_tls.mutual and options.grpc_tls.ca == str(ca)
+    assert options.http_tls.cert == str(cert) and not options.http_tls.mutual
+    assert (options.http_max_header_size, options.http_read_timeout_secs, options.grpc_max_message_size) == (
+        4096, 2.5, 1024)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--http-restricted-api=admin:k=v"], "unknown group 'admin'"),
+        (["--grpc-restricted-protocol=health"], "expected <group>"),
+        (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
+        (["--http-ssl-cert=/nonexistent.pem"], "--http-ssl-cert and --http-ssl-key must be given together"),
+        (["--http-ssl-cert=/nonexistent.pem", "--http-ssl-key=/nonexistent.key"], "no such file"),
+        (["--http-ssl-mutual=true"], "--http-ssl-mutual=true needs"),
+        (["--trace-config=zipkin,url=x"], "unknown trace mode"),
+        (["--trace-config=rate=abc"], "Unable to parse 'trace_rate'"),
+        (["--allow-client-shm=maybe"], "invalid boolean value"),
+        (["--http-read-timeout-secs=0"], "value must be > 0"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        _options(*argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
