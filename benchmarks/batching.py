@@ -3,7 +3,7 @@
 One server loads two copies of the same model from a generated repository: ``<model>_batched`` (the shipped
 config, ``dynamic_batching`` on) and ``<model>_unbatched`` (``dynamic_batching`` removed; the server runs with
 ``--disable-auto-complete-config`` so nothing turns it back on). At each concurrency both copies are measured
-back to back. Prints a table, the batched/unbatched throughput ratio at c=16 (target >= 2x for the ONNX MLP),
+back to back (order alternating between ``--rounds``; figures are medians). Prints a table, the batched/unbatched throughput ratio at c=16 (target >= 2x for the ONNX MLP),
 the servers' average batch sizes, and writes JSON, CSV and a throughput-vs-p99 plot to benchmarks/results/::
 
     python -m benchmarks.batching                                   # Ferry, mlp_onnx, HTTP, c = 1..64
@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1..64", help="e.g. 1..64 (powers of two) or 1,16")
     p.add_argument("--measurement-interval", type=int, default=2000, help="perf_analyzer window, ms")
     p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=1, help="sweeps over all levels; figures are medians")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -51,8 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if not (args.model_repository / args.model / "config.pbtxt").exists():
         p.error(f"model {args.model!r} not found in {args.model_repository}")
-    if args.measurement_interval < 100:
-        p.error("--measurement-interval must be >= 100 ms")
+    if args.measurement_interval < 100 or args.rounds < 1:
+        p.error("--measurement-interval must be >= 100 ms and --rounds >= 1")
     return args
 
 
@@ -159,16 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.server} ready in {startup:.2f} s; {args.model} batched vs unbatched over {args.protocol}",
               flush=True)
         url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
-        for level in args.levels:
-            for label in (BATCHED, UNBATCHED):
-                point = perfcsv.PerfSpec(names[label], url, args.protocol, level, args.measurement_interval,
-                                         99, max_trials=args.max_trials)
-                res = loadgen.run_point(pa.command(), pa.env, point, work, f"{label}-c{level}")
-                measurements.append(report.Measurement(label, args.protocol, level, 1, res.throughput, res.p99_us,
-                                                       res.stable))
-                note = "" if res.stable else " (unstable)"
-                print(f"  c={level:<3} {label:<9} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}"
-                      if res.ok else f"  c={level:<3} {label:<9} FAILED: {res.error}", flush=True)
+        for round_no in range(1, args.rounds + 1):
+            order = (BATCHED, UNBATCHED) if round_no % 2 else (UNBATCHED, BATCHED)
+            for level in args.levels:
+                for label in order:
+                    point = perfcsv.PerfSpec(names[label], url, args.protocol, level, args.measurement_interval,
+                                             99, max_trials=args.max_trials)
+                    res = loadgen.run_point(pa.command(), pa.env, point, work, f"{label}-c{level}-r{round_no}")
+                    measurements.append(report.Measurement(label, args.protocol, level, round_no, res.throughput,
+                                                           res.p99_us, res.stable))
+                    head = f"  [{round_no}] c={level:<3} {label:<9}"
+                    note = "" if res.stable else " (unstable)"
+                    print(f"{head} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}"
+                          if res.ok else f"{head} FAILED: {res.error}", flush=True)
         avg_batch = {label: batch_size(ports.http, name) for label, name in names.items()}
     summaries = report.summarize(measurements)
     ratio = next((r for r in report.ratios(summaries, UNBATCHED) if r.concurrency == TARGET_CONCURRENCY), None)

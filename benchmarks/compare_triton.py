@@ -2,13 +2,13 @@
 
 Servers run in turn (A B A B ...) on the same ports with the same model and the same perf_analyzer flags
 (HTTP and gRPC, each concurrency level); medians over rounds go into a table with Ferry/Triton ratios.
-Each server start also yields startup time (spawn to ``/v2/health/ready``) and idle RSS; ``--soak-minutes``
-adds a long c=16 run sampling Ferry's RSS (growth between minute 1 and the end). Tools are installed on
-demand into ``.tools/``. JSON and CSV go to ``benchmarks/results/`` (gitignored)::
+Each server start also yields startup time (spawn to ``/v2/health/ready`` and the model ready) and idle
+RSS; ``--soak-minutes`` adds a long c=16 run sampling Ferry's RSS (growth between minute 1 and the end).
+Tools are installed on demand into ``.tools/``. JSON and CSV go to ``benchmarks/results/`` (gitignored)::
 
     python -m benchmarks.compare_triton                     # both servers, 2 rounds, ~4 minutes
     python -m benchmarks.compare_triton --servers triton    # the harness against Triton alone
-    python -m benchmarks.compare_triton --soak-minutes 5 --ferry-variant "w2=--http-workers=2"
+    python -m benchmarks.compare_triton --soak-minutes 5 --ferry-variant "tuned=--log-verbose=0"
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=0, help="re-runs of a point that never stabilized")
     p.add_argument("--ferry-arg", action="append", default=[], help="extra ferry-server flag (repeatable)")
     p.add_argument("--ferry-variant", action="append", default=[], metavar="NAME=ARGS",
-                   help="another Ferry configuration in the rotation, e.g. 'w2=--http-workers=2'")
+                   help="another Ferry configuration in the rotation, e.g. 'w2=--workers=2'")
     p.add_argument("--triton-arg", action="append", default=[], help="extra tritonserver flag (repeatable)")
     p.add_argument("--soak-minutes", type=float, default=0.0, help="c=16 HTTP load on Ferry sampling RSS")
     p.add_argument("--no-default-startup", action="store_true",
@@ -265,7 +265,8 @@ def format_runs(runs: list[ServerRun], soaks: list[SoakResult], default: dict[st
                      f"{med([r.idle_rss_mib for r in mine]):>13.1f} {med([r.loaded_rss_mib for r in mine]):>19.1f}")
     for s in soaks:
         lines.append(f"soak {s.server}: {s.minutes:g} min c=16 {s.protocol}: RSS at 1 min {s.rss_1min_mib:.1f} MiB, "
-                     f"at end {s.rss_end_mib:.1f} MiB, growth {100 * s.growth:+.1f}% (target within 10%)"
+                     f"at end {s.rss_end_mib:.1f} MiB, growth {100 * s.growth:+.1f}% (target within 10%), "
+                     f"{s.requests} requests served"
                      + (f" [error: {s.error}]" if s.error else ""))
     if default:
         lines.append(f"ferry on embedded default models {default['models']}: ready in {default['startup_s']:.2f} s, "

@@ -7,9 +7,11 @@ never pauses. Neighbours: ``servers`` (process and RSS), ``compare_triton`` (cal
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ class SoakResult:
     rss_end_mib: float
     growth: float
     samples: tuple[tuple[float, float], ...]
+    requests: int = -1
     error: str = ""
 
 
@@ -38,6 +41,15 @@ def rss_at(samples: tuple[tuple[float, float], ...], at_s: float) -> float:
     if not samples:
         return math.nan
     return min(samples, key=lambda s: abs(s[0] - at_s))[1]
+
+
+def success_count(port: int, model: str) -> int:
+    """The model's ``inference_stats.success.count`` (-1 when it cannot be read)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as resp:
+            return int(sum(s["inference_stats"]["success"]["count"] for s in json.load(resp)["model_stats"]))
+    except (OSError, ValueError, KeyError):
+        return -1
 
 
 def soak(spec: servers.ServerSpec, ports: servers.Ports, pa: Located, model: str, minutes: float,
@@ -51,6 +63,7 @@ def soak(spec: servers.ServerSpec, ports: servers.Ports, pa: Located, model: str
         srv.start(models=[model])
         time.sleep(2.0)
         idle = srv.rss_bytes() / (1024 * 1024)
+        served_before = success_count(ports.http, model)
         port = ports.http if protocol == "http" else ports.grpc
         point = perfcsv.PerfSpec(model, f"127.0.0.1:{port}", protocol, concurrency,
                                  measurement_interval_ms=int(duration * 1000) + 120_000, percentile=None,
@@ -73,7 +86,8 @@ def soak(spec: servers.ServerSpec, ports: servers.Ports, pa: Located, model: str
                 if load.poll() is None:
                     load.terminate()
                     load.wait(30)
+        served = success_count(ports.http, model) - served_before
     frozen = tuple(samples)
     first, end = rss_at(frozen, 60.0), (frozen[-1][1] if frozen else math.nan)
     return SoakResult(spec.name, protocol, concurrency, minutes, idle, first, end, report.growth(first, end),
-                      frozen, error)
+                      frozen, served, error)

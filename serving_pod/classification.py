@@ -67,15 +67,13 @@ def classify(tensor: Tensor, count: int, batching: bool, labels: list[str]) -> T
     data = np.asarray(tensor.data)
     if data.size > MAX_ELEMENTS:
         raise InvalidArgumentError("classification output tensor too large")
-    rows = data.reshape(data.shape[0], -1) if batching and data.ndim > 0 else data.reshape(1, -1)
-    classes = [top_k(row, count, labels) for row in rows]
-    width = min(count, rows.shape[1]) if rows.ndim == 2 else 0
-    result = np.empty((len(classes), width), dtype=np.object_)
-    for i, row in enumerate(classes):
-        result[i, : len(row)] = row
-    if not (batching and data.ndim > 0):
-        result = result.reshape(width)
-    return Tensor(tensor.name, "BYTES", result)
+    batched = batching and data.ndim > 0
+    rows = data.reshape(data.shape[0], -1) if batched else data.reshape(1, -1)
+    width = min(count, rows.shape[1])
+    result = np.empty((rows.shape[0], width), dtype=np.object_)
+    for index, row in enumerate(rows):
+        result[index, :] = top_k(row, count, labels)
+    return Tensor(tensor.name, "BYTES", result if batched else result.reshape(width))
 
 
 class LabelCache:

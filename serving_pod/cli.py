@@ -219,6 +219,7 @@ def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
 
     async def serve() -> int:
         server = FerryServer(options)
+        server.install_signal_handlers()
         try:
             await server.start()
         except OSError as exc:

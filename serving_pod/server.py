@@ -185,11 +185,14 @@ class FerryServer:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stopped.set()
 
+    def install_signal_handlers(self) -> None:
+        """Route SIGTERM/SIGINT to ``wait_for_signal`` (before ``start``, so no signal is missed)."""
+        loop = asyncio.get_running_loop()
+        self._signalled = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signalled.set)
+
     async def wait_for_signal(self) -> None:
         """Return when SIGTERM or SIGINT arrives."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await self._signalled.wait()
         log.info("signal received: draining in-flight requests and unloading models")

@@ -217,7 +217,7 @@ class SharedMemoryManager:
             params = tensor.parameters
             if "shared_memory_region" not in params:
                 continue
-            placement = placement_of(params, f"input '{tensor.name}'", need_size=True)
+            placement = placement_of(params, f"input '{tensor.name}'")
             raw = self.locate(placement).read(placement.offset, placement.byte_size)
             tensor.data = datatypes.from_raw(tensor.datatype, tensor.data.shape, raw, f"input '{tensor.name}'")
 
@@ -230,7 +230,7 @@ class SharedMemoryManager:
                 continue
             if params.get("binary_data"):
                 raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'binary_data'")
-            placement = placement_of(params, f"output '{output.name}'", need_size=True)
+            placement = placement_of(params, f"output '{output.name}'")
             self.locate(placement)
             if targets is None:
                 targets = {}
@@ -258,16 +258,15 @@ class SharedMemoryManager:
                 tensor.parameters["shared_memory_offset"] = placement.offset
 
 
-def placement_of(params: dict[str, Any], what: str, *, need_size: bool) -> Placement:
-    """The validated ``shared_memory_*`` parameters of a tensor."""
+def placement_of(params: dict[str, Any], what: str) -> Placement:
+    """The validated ``shared_memory_*`` parameters of a tensor (byte size required, offset default 0)."""
     region = params.get("shared_memory_region")
     if not isinstance(region, str) or not region:
         raise InvalidArgumentError(f"{what}: 'shared_memory_region' must be a non-empty string")
-    offset = params.get("shared_memory_offset", 0)
-    size = params.get("shared_memory_byte_size")
-    if size is None and need_size:
+    if "shared_memory_byte_size" not in params:
         raise InvalidArgumentError(f"{what}: 'shared_memory_byte_size' is required with 'shared_memory_region'")
-    for key, value in (("shared_memory_offset", offset), ("shared_memory_byte_size", size)):
+    values = (params.get("shared_memory_offset", 0), params["shared_memory_byte_size"])
+    for key, value in zip(("shared_memory_offset", "shared_memory_byte_size"), values):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidArgumentError(f"{what}: '{key}' must be a non-negative integer, got {value!r}")
-    return Placement(region, offset, size)
+    return Placement(region, values[0], values[1])

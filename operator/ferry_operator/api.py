@@ -213,7 +213,7 @@ class KubeApi:
                     continue  # exists after all: go round and patch it
                 self._raise(status, body, f"create {resource.plural}/{name}")
             wanted = _without(obj, keep) if _has_spec_keys(live, keep) else dict(obj)
-            if contains(live, wanted):
+            if contains(live, wanted) and _owned_maps_equal(live, wanted):
                 return "unchanged"
             status, body = await self.request(
                 "PATCH", resource.path(namespace, name), json=_patch(live, wanted),
@@ -246,6 +246,10 @@ def _patch(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]
         if isinstance(old, Mapping) and isinstance(new, dict):
             new.update({key: None for key in old if key not in new})
     return patch
+
+
+def _owned_maps_equal(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    return all(_dig(live, path) == _dig(wanted, path) for path in OWNED_MAPS.get(str(wanted.get("kind")), ()))
 
 
 def _copy(value: Any) -> Any:

@@ -78,6 +78,10 @@ class OnnxRuntimeBackend:
 class OnnxRuntimeInstance(BatchedInstance):
     """One InferenceSession executing batches of requests."""
 
+    #: a session run never calls back into the engine: small graphs may run on the event loop
+    #: thread (schedulers/instances.py decides from measured execution times)
+    inline_safe = True
+
     def __init__(self, session: Any, run_options: Any, plan: InstancePlan, *, use_ort_values: bool = False) -> None:
         self._session = session
         self._run_options = run_options

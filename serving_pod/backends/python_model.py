@@ -168,6 +168,21 @@ class PythonModelInstance:
             unload_module(self._module)
             raise
         self._execute = self._model.execute
+        self.inline_safe = self._never_blocks_on_engine()
+
+    #: source fragments of models that call back into the engine (BLS) or stream responses
+    _ENGINE_CALLS = (".exec(", "async_exec", "InferenceRequest(", "get_response_sender")
+
+    def _never_blocks_on_engine(self) -> bool:
+        """True when executing on the server's event loop thread is safe (see schedulers/instances.py):
+        a synchronous, non-decoupled ``execute`` whose source makes no BLS call."""
+        if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
+            return False
+        try:
+            source = open(self._spec.model_file, encoding="utf-8").read()
+        except OSError:
+            return False
+        return not any(fragment in source for fragment in self._ENGINE_CALLS)
 
     def _instantiate(self) -> Any:
         spec = self._spec

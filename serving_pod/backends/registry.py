@@ -13,6 +13,7 @@ BACKEND_MODULES: dict[str, str] = {
     "python": "serving_pod.backends.python",
     "tensorrt": "serving_pod.backends.tensorrt",
     "ferry_test": "serving_pod.backends.testing",
+    "ferry_callable": "serving_pod.backends.callable",
 }
 
 _cache: dict[tuple[str, frozenset], Backend] = {}

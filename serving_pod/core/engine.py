@@ -134,7 +134,7 @@ class Engine:
         else:
             names = list(self.options.load_models)
             if "*" in names:
-                names = sorted(self.repository.scan()[0])
+                names = sorted((await asyncio.to_thread(self.repository.scan))[0])
             self.startup_failures = await self.registry.load_many(names)
         if mode == "poll":
             self._poller = asyncio.create_task(self._poll_loop())

@@ -73,6 +73,8 @@ class Model:
         self.scheduler = scheduler
         self.stats = stats
         self.pool = pool
+        #: the folder the model was loaded from (label files, sequence initial_state data files)
+        self.model_dir: Any = None
         self.max_batch_size = config.max_batch_size
         self.inputs = tensor_specs(config.input)
         self.outputs = tensor_specs(config.output)

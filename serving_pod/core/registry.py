@@ -160,7 +160,7 @@ class ModelRegistry:
         """Load (or reload) ``name``; raises ModelLoadError and keeps old versions serving on failure."""
         if model_dir is None:
             if source is None:
-                sources, duplicates = self.repository.scan()
+                sources, duplicates = await asyncio.to_thread(self.repository.scan)
                 if name in duplicates:
                     raise ModelLoadError(duplicates[name])
                 source = sources.get(name)
@@ -237,7 +237,7 @@ class ModelRegistry:
 
     async def poll(self) -> dict[str, str]:
         """Poll mode: load new models, reload changed ones, unload removed ones."""
-        sources, duplicates = self.repository.scan()
+        sources, duplicates = await asyncio.to_thread(self.repository.scan)
         failures: dict[str, str] = dict(duplicates)
         for name in list(self.entries):
             entry = self.entries[name]
@@ -327,7 +327,7 @@ class ModelRegistry:
         stats = ModelStats(config.name, str(version))
         stats.load_duration_s = duration
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
-        model.model_dir = model_dir  # type: ignore[attr-defined]  # sequence initial_state data files
+        model.model_dir = model_dir
         pool = None
         if pools is not None:
             instances, names = pools

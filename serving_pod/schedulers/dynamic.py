@@ -95,8 +95,11 @@ class DynamicScheduler:
         self._outstanding += 1
         self._idle.clear()
         if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._schedule)
+            if self.queue.size == 1 and self.pool.idle_count():
+                self._schedule()  # nothing to batch with and an instance idles: no extra loop turn
+            else:  # coalesce every arrival of this loop iteration into one pass
+                self._scheduled = True
+                loop.call_soon(self._schedule)
         result = await entry.future
         if isinstance(result, ServerError):
             raise result

@@ -9,8 +9,9 @@ Execution modes (model config parameter ``execution_mode``: ``auto`` (default), 
 a thread hop costs far more than a small model's whole execution (~150-250 us here against tens of
 microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (it never blocks on the
 engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
-``INLINE_ENTER_NS`` runs on the event loop thread directly. One execution above ``INLINE_EXIT_NS`` sends it
-back to its thread for ``INLINE_COOLDOWN`` executions, so a model that turns slow blocks the loop at most once.
+``INLINE_ENTER_NS`` runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
+``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
+the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ BatchSizer = Callable[[InferRequest], int]
 #: every one of the last INLINE_WINDOW threaded executions must be this fast to go inline
 INLINE_ENTER_NS = 200_000
 INLINE_WINDOW = 64
-#: an inline execution slower than this returns the instance to its thread
+#: this many inline executions in a row slower than INLINE_EXIT_NS return the instance to its thread
 INLINE_EXIT_NS = 2_000_000
-INLINE_COOLDOWN = 10_000
+INLINE_EXIT_STRIKES = 2
+INLINE_COOLDOWN = 1_000
 
 
 class _Mode:
     """Per-instance execution-mode bookkeeping (see the module docstring)."""
 
-    __slots__ = ("allowed", "forced", "inline", "fast_streak", "cooldown")
+    __slots__ = ("allowed", "forced", "inline", "fast_streak", "cooldown", "strikes")
 
     def __init__(self, allowed: bool, forced: bool) -> None:
         self.allowed = allowed
@@ -47,6 +49,7 @@ class _Mode:
         self.inline = forced
         self.fast_streak = 0
         self.cooldown = 0
+        self.strikes = 0
 
     def after_thread(self, duration_ns: int) -> None:
         if not self.allowed:
@@ -62,9 +65,14 @@ class _Mode:
             self.fast_streak = 0
 
     def after_inline(self, duration_ns: int) -> None:
-        if duration_ns > INLINE_EXIT_NS and not self.forced:
+        if duration_ns <= INLINE_EXIT_NS or self.forced:
+            self.strikes = 0
+            return
+        self.strikes += 1
+        if self.strikes >= INLINE_EXIT_STRIKES:
             self.inline = False
             self.fast_streak = 0
+            self.strikes = 0
             self.cooldown = INLINE_COOLDOWN
 
 

@@ -36,9 +36,9 @@ from typing import Any, Callable
 import numpy as np
 
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, UnavailableError
-from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from serving_pod.schedulers import instances as instances_module
+from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.sequence_batch import StateIO, run_padded
 from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
 
 log = logging.getLogger("ferry.sequence")
@@ -106,10 +106,7 @@ class SequenceScheduler:
         self._busy = 0
         self._closing = False
         self._reaper: asyncio.Task | None = None
-        self._state_by_output = {state.output_name: state.input_name for state in spec.states}
-        self._outputs_with_state = [o.name for o in model.config.output] + [
-            name for name in self._state_by_output if name not in {o.name for o in model.config.output}
-        ]
+        self.io = StateIO(spec, [output.name for output in model.config.output])
 
     # --- Scheduler protocol ------------------------------------------------------------------
     def pending(self) -> int:
@@ -291,8 +288,12 @@ class SequenceScheduler:
 
     async def _execute(self, lane: _Lane, taken: list[tuple[int, _Sequence, _Pending]]) -> None:
         spec = self.spec
-        prepared = [(slot, self._prepare(sequence, pending)) for slot, sequence, pending in taken]
-        for _, sequence, pending in taken:
+        prepared = []
+        for slot, sequence, pending in taken:
+            request, sequence.states = self.io.prepare(
+                pending.request, sequence.key, pending.start, pending.end, sequence.states
+            )
+            prepared.append((slot, request))
             sequence.busy = True
             if pending.end:
                 self._release(sequence)  # as Triton: the slot frees when END is taken into a batch
@@ -304,11 +305,11 @@ class SequenceScheduler:
             if len(by_slot) <= top:
                 padded = True
                 template = requests[0]
-                requests = [by_slot.get(slot) or self._null_request(template) for slot in range(top + 1)]
+                requests = [by_slot.get(slot) or self.io.null_request(template) for slot in range(top + 1)]
         try:
             if padded:
                 real = {id(request) for _, request in prepared}
-                results = await self._execute_padded(lane.index, requests, real)
+                results = await run_padded(self.pool, lane.index, requests, real)
             else:
                 results = await self.pool.execute(lane.index, requests)
         finally:
@@ -320,67 +321,8 @@ class SequenceScheduler:
         for (_, sequence, pending), (_, request) in zip(taken, prepared):
             self._deliver(sequence, pending, by_request[id(request)])
 
-    def _prepare(self, sequence: _Sequence, pending: _Pending) -> InferRequest:
-        """The request as the model sees it: controls and implicit state added."""
-        spec = self.spec
-        request = pending.request
-        inputs = list(request.inputs)
-        inputs.extend(spec.control_tensors(pending.start, pending.end, True, sequence.key))
-        outputs = request.outputs
-        if spec.states:
-            if pending.start or sequence.states is None:
-                sequence.states = spec.initial_states()
-            for state in spec.states:
-                inputs.append(Tensor(state.input_name, state.datatype, sequence.states[state.input_name]))
-            names = self._outputs_with_state if outputs is None else [o.name for o in outputs]
-            outputs = [RequestedOutput(name) for name in names]
-            outputs.extend(RequestedOutput(name) for name in self._state_by_output if name not in names)
-        return InferRequest(
-            request.model_name, request.model_version, inputs, outputs, request.id,
-            request.parameters, request.arrival_ns, request.responder, request.cancelled,
-        )
-
-    def _null_request(self, template: InferRequest) -> InferRequest:
-        """A READY=0 filler for an empty direct slot, shaped like ``template``."""
-        spec = self.spec
-        controls = {t.name: t for t in spec.control_tensors(False, False, False, 0)}
-        initial = spec.initial_states()
-        inputs = []
-        for tensor in template.inputs:
-            if tensor.name in controls:
-                inputs.append(controls[tensor.name])
-            elif tensor.name in initial:
-                inputs.append(Tensor(tensor.name, tensor.datatype, initial[tensor.name]))
-            elif tensor.data.dtype == np.object_:
-                inputs.append(Tensor(tensor.name, tensor.datatype, np.full(tensor.data.shape, b"", np.object_)))
-            else:
-                inputs.append(Tensor(tensor.name, tensor.datatype, np.zeros_like(tensor.data)))
-        return InferRequest(template.model_name, template.model_version, inputs, template.outputs)
-
-    async def _execute_padded(self, index: int, requests: list[InferRequest], real: set[int]) -> list[Any]:
-        """Execute a batch holding null requests, charging statistics for the real requests only."""
-        pool = self.pool
-        loop = asyncio.get_running_loop()
-        dispatch_ns = time.monotonic_ns()
-        # TODO(lead): InstancePool.execute could take a "charge only these" mask instead.
-        results, start_ns, end_ns = await loop.run_in_executor(
-            pool._executors[index], instances_module._run, pool.instances[index], requests
-        )
-        done_ns = time.monotonic_ns()
-        keep = [i for i, request in enumerate(requests) if id(request) in real]
-        pool.charge([requests[i] for i in keep], [results[i] for i in keep], dispatch_ns, start_ns, end_ns, done_ns)
-        return results
-
     def _deliver(self, sequence: _Sequence, pending: _Pending, result: Any) -> None:
-        if isinstance(result, InferResponse) and self._state_by_output:
-            kept = []
-            for tensor in result.outputs:
-                input_name = self._state_by_output.get(tensor.name)
-                if input_name is None:
-                    kept.append(tensor)
-                elif sequence.states is not None:
-                    sequence.states[input_name] = tensor.data
-            result.outputs = kept
+        self.io.take_states(result, sequence.states)
         if pending.future.done():
             return
         if isinstance(result, ServerError):

@@ -116,13 +116,23 @@ class Cluster:
     async def operator(self, config: OperatorConfig = CONFIG) -> AsyncIterator[None]:
         url = str(self.kmock.url).rstrip("/")
         registry = build_registry(config, login=lambda **_: kopf.ConnectionInfo(server=url, insecure=True))
+
+        @kopf.on.startup(registry=registry)
+        def quick_exit(settings: kopf.OperatorSettings, **_: Any) -> None:
+            # Per-object workers otherwise idle 5 s before the operator can stop.
+            settings.batching.idle_timeout = 0.3
+            settings.batching.exit_timeout = 0.5
+            settings.watching.server_timeout = 5
+
         stop = asyncio.Event()
         task = asyncio.create_task(kopf.operator(registry=registry, clusterwide=True, stop_flag=stop, standalone=True))
         try:
             yield
         finally:
             stop.set()
+            t0 = time.monotonic()
             await asyncio.wait_for(task, 20)
+            print("STOP TOOK", time.monotonic() - t0)
             assert task.exception() is None
 
 
@@ -155,11 +165,11 @@ async def test_create_builds_children_and_writes_status(cluster: Cluster) -> Non
         await cluster.create_isvc(SPEC_V1)
         [v1] = await cluster.wait(lambda: cluster.names(DEPLOYMENTS), "the Deployment")
         await cluster.wait(lambda: cluster.get(f"{HPAS}/demo-predictor"), "the HPA")
+        await cluster.wait(lambda: _equals(cluster.names(PDBS), ["demo-predictor"]), "the PDB")
         assert await cluster.names(SERVICES) == ["demo-predictor", "demo-predictor-latest"]
-        assert await cluster.names(PDBS) == ["demo-predictor"]
         gateway = bool(cluster.kmock.resources["gateway.networking.k8s.io/v1/httproutes"].verbs)
         if gateway:
-            assert await cluster.names(ROUTES) == ["demo", "demo-latest"]
+            await cluster.wait(lambda: _equals(cluster.names(ROUTES), ["demo", "demo-latest"]), "the HTTPRoutes")
         for path in (f"{DEPLOYMENTS}/{v1}", f"{SERVICES}/demo-predictor", f"{HPAS}/demo-predictor"):
             owner = (await cluster.get(path))["metadata"]["ownerReferences"]
             assert owner == [{"apiVersion": "serving.ferry.dev/v1beta1", "kind": "InferenceService", "name": "demo",

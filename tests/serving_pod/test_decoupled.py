@@ -26,7 +26,7 @@ def server(tmp_path_factory):
     from support.server import ServerThread, make_options
 
     repo = tmp_path_factory.mktemp("decoupled_repo")
-    for name in ("dec_counter", "dec_async", "dec_seq"):
+    for name in ("dec_counter", "dec_async", "dec_seq", "wait_cancel"):
         shutil.copytree(DATA / name, repo / name)
     thread = ServerThread(make_options([repo]))
     handle = thread.start()
@@ -154,6 +154,21 @@ def test_model_sees_cancellation_when_the_client_goes_away(server, tmp_path) -> 
     (first,) = stream.take(1)
     assert int(first.as_numpy("OUT")[0]) == 0
     stream.close(cancel=True)
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists() and marker.read_text() == "cancelled"
+
+
+def test_unary_request_cancelled_when_the_client_gives_up(server, tmp_path) -> None:
+    """A gRPC ModelInfer past its deadline: the running (non-decoupled) model sees is_cancelled()."""
+    marker = tmp_path / "marker"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("X", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([3], np.int32))
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer("wait_cancel", [tensor], parameters={"marker": str(marker)}, client_timeout=0.5)
+    client.close()
     deadline = time.monotonic() + 10
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

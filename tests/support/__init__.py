@@ -1,6 +1,8 @@
-"""Shared test support: locators/installers for external tools (perf_analyzer, NVIDIA Triton).
+"""Shared test support, importable as ``support`` (pyproject puts ``tests/`` on ``sys.path``).
 
-Modules here do nothing at import time. Installers cache their downloads under ``<repo>/.tools/``
-(gitignored; override with ``FERRY_TOOLS_DIR``) and report a human reason when a tool cannot be had,
-so tests can skip with it.
+``server`` and ``models``: in-process Ferry servers and small generated models. ``perf_analyzer`` and
+``triton``: installers/locators for NVIDIA's perf_analyzer 2.50 and Triton 2.51, cached under
+``<repo>/.tools/`` (gitignored; ``FERRY_TOOLS_DIR`` overrides); they return a human reason instead of
+raising, and their ``*_or_skip`` / ``perf_analyzer_cmd`` helpers turn it into a pytest skip.
+Nothing here does work at import time.
 """

@@ -1,0 +1,90 @@
+"""What a load generator is to the analyzer, and which one a sweep uses.
+
+A :class:`LoadGenerator` drives one model at one client concurrency for a bounded time and returns a
+:class:`LoadResult` (client-side throughput and latency percentiles). Two exist: ``perf`` (NVIDIA's
+perf_analyzer, preferred: the figures Triton users know) and ``builtin_load`` (a tritonclient aio loop,
+used when perf_analyzer cannot be found). :func:`select` applies ``--load-generator``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from serving_pod.analyzer.errors import InputError
+
+CHOICES = ("auto", "perf_analyzer", "builtin")
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """How long each measurement runs (perf_analyzer's own vocabulary)."""
+
+    measurement_interval_ms: int = 600
+    stability_percentage: float = 50.0
+    max_trials: int = 6
+    protocol: str = "http"
+
+    def __post_init__(self) -> None:
+        if self.measurement_interval_ms < 100:
+            raise InputError(f"invalid --measurement-interval-ms {self.measurement_interval_ms}: must be >= 100")
+        if not 0 < self.stability_percentage <= 1000:
+            raise InputError(f"invalid --stability-percentage {self.stability_percentage:g}: must be in (0, 1000]")
+        if self.max_trials < 3:
+            raise InputError(f"invalid --max-trials {self.max_trials}: must be >= 3 (three windows must agree)")
+        if self.protocol not in ("http", "grpc"):
+            raise InputError(f"invalid protocol {self.protocol!r}: use http or grpc")
+
+    def signature(self) -> str:
+        """Measurements are reused from a checkpoint only under the same window settings."""
+        return (f"{self.protocol}/{self.measurement_interval_ms}ms/"
+                f"{self.stability_percentage:g}%/{self.max_trials}")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Client-side figures of one run; latencies in milliseconds. ``error`` set when nothing usable came out."""
+
+    throughput: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float
+    stable: bool
+    tool: str
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.throughput) and math.isfinite(self.p99_ms)
+
+    @classmethod
+    def failed(cls, tool: str, error: str) -> LoadResult:
+        return cls(math.nan, None, None, math.nan, False, tool, error)
+
+
+class LoadGenerator(Protocol):
+    """Drives ``model`` at ``concurrency`` outstanding requests and reports what the client saw."""
+
+    name: str
+
+    def run(self, model: str, concurrency: int) -> LoadResult: ...
+
+
+def select(choice: str, *, http_url: str, grpc_url: str | None, window: WindowSettings,
+           perf_analyzer: str | None = None) -> LoadGenerator:
+    """``auto``: perf_analyzer when found and runnable, else the built-in generator."""
+    from serving_pod.analyzer import builtin_load, perf
+
+    if choice not in CHOICES:
+        raise InputError(f"invalid --load-generator {choice!r}: use one of {', '.join(CHOICES)}")
+    url = grpc_url if window.protocol == "grpc" else http_url
+    if window.protocol == "grpc" and not grpc_url:
+        raise InputError("--protocol grpc needs the server's gRPC address (--server-grpc-url for a remote server)")
+    if choice != "builtin":
+        located = perf.locate(perf_analyzer)
+        if located.path is not None:
+            return perf.PerfAnalyzerLoad(located, url or http_url, window)
+        if choice == "perf_analyzer":
+            raise InputError(f"perf_analyzer is not available: {located.reason}")
+    return builtin_load.BuiltinLoad(url or http_url, window)

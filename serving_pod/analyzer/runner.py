@@ -1,0 +1,80 @@
+"""The search's :class:`~serving_pod.analyzer.search.Runner`: checkpoint first, then load and measure.
+
+For each point asked for, a successful measurement already in the checkpoint is returned as is (that is
+how an interrupted sweep resumes). Otherwise the candidate's configuration is loaded on the server through
+the repository API with a ``config`` override — only when it differs from what is loaded — measured, and
+recorded in the checkpoint before the next point starts. A configuration the server refuses is recorded
+with its error and yields failed measurements; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving_pod.analyzer.checkpoint import Checkpoint
+from serving_pod.analyzer.loadgen import LoadGenerator
+from serving_pod.analyzer.measure import Measurement, failed, measure
+from serving_pod.analyzer.progress import Progress
+from serving_pod.analyzer.search import Candidate
+from serving_pod.analyzer.space import apply_point, config_dict, config_json
+from serving_pod.analyzer.target import LoadError, ServerClient
+
+
+@dataclass
+class ModelRunner:
+    """Measures candidates of one model; counts what it measured and what it reused."""
+
+    model: str
+    base_config: Any
+    default_key: str
+    client: ServerClient
+    pid: int | None
+    load: LoadGenerator
+    checkpoint: Checkpoint
+    window: str
+    progress: Progress
+    measured: int = 0
+    reused: int = 0
+    loaded_key: str | None = None
+    load_errors: dict[str, str] = field(default_factory=dict)
+
+    def config_for(self, candidate: Candidate) -> Any:
+        return self.base_config if candidate.key == self.default_key else apply_point(self.base_config,
+                                                                                       candidate.point)
+
+    def ensure_loaded(self, candidate: Candidate) -> str:
+        """Load ``candidate`` unless it is loaded; returns the server's error ('' on success)."""
+        if candidate.key in self.load_errors:
+            return self.load_errors[candidate.key]
+        if self.loaded_key == candidate.key:
+            return ""
+        config = self.config_for(candidate)
+        self.checkpoint.add_config(self.model, candidate.key, candidate.point.as_dict(), config_dict(config))
+        try:
+            self.client.load(self.model, config_json(config))
+        except LoadError as exc:
+            self.loaded_key = None
+            self.load_errors[candidate.key] = str(exc)
+            self.checkpoint.config_error(self.model, candidate.key, str(exc))
+            self.progress.note(f"{self.model}: configuration {candidate.key} did not load: {exc}")
+            return str(exc)
+        self.loaded_key = candidate.key
+        return ""
+
+    def measure(self, candidate: Candidate, concurrency: int) -> Measurement:
+        known = self.checkpoint.find(self.model, candidate.key, concurrency)
+        if known is not None:
+            self.reused += 1
+            self.progress.update(f"{self.model} {candidate.key} c={concurrency} (from checkpoint)")
+            return known
+        error = self.ensure_loaded(candidate)
+        if error:
+            return failed(self.model, candidate.key, concurrency, error, self.window)
+        result = measure(self.client, self.pid, self.load, self.model, candidate.key, concurrency, self.window)
+        self.checkpoint.record(result)
+        self.measured += 1
+        figures = (f"{result.throughput:.0f}/s p99={result.p99_ms:.2f}ms" if result.ok
+                   else f"failed: {result.error[:80]}")
+        self.progress.update(f"{self.model} {candidate.key} c={concurrency} {figures}")
+        return result

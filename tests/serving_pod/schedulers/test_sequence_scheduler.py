@@ -1,0 +1,168 @@
+"""SequenceScheduler through its public ``submit`` with a controllable clock, on real ``ferry_test`` instances.
+
+Also the pure parts: ``sequence_config`` (config errors with Triton's messages, control tensors,
+initial state from a data file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.backends.base import InstanceContext
+from serving_pod.backends import testing as ferry_test_backend
+from serving_pod.core.errors import InvalidArgumentError, ModelLoadError
+from serving_pod.core.model import Model
+from serving_pod.core.statistics import ModelStats
+from serving_pod.core.types import InferRequest, Tensor
+from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.sequence import SequenceScheduler
+from serving_pod.schedulers.sequence_config import parse_sequence_config
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+def _config(sequence: str, max_batch: int = 4, count: int = 1) -> mc.ModelConfig:
+    return text_format.Parse(f"""
+name: "seq"
+backend: "ferry_test"
+max_batch_size: {max_batch}
+sequence_batching {{ {sequence} }}
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ name: "seq_0" count: {count} kind: KIND_CPU }} ]
+""", mc.ModelConfig())
+
+
+def _scheduler(config: mc.ModelConfig, clock: Clock) -> tuple[SequenceScheduler, list]:
+    backend = ferry_test_backend.TestBackend()
+    names = [f"seq_0_{i}" for i in range(config.instance_group[0].count)]
+    instances = [
+        backend.create_instance(InstanceContext("seq", "1", Path("."), Path("1"), config, name)) for name in names
+    ]
+    stats = ModelStats("seq", "1")
+    model = Model(config, 1, scheduler=None, stats=stats)  # type: ignore[arg-type]
+    pool = InstancePool(instances, names, stats, model.batch_size_of)
+    return SequenceScheduler(model, pool, clock=clock), instances
+
+
+def _request(value: int, sequence_id, start=False, end=False) -> InferRequest:
+    parameters = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+    return InferRequest("seq", "1", [Tensor("INPUT0", "INT32", np.full((1, 1), value, np.int32))], parameters=parameters)
+
+
+async def test_idle_release_follows_the_clock() -> None:
+    clock = Clock()
+    scheduler, _ = _scheduler(_config("max_sequence_idle_microseconds: 50000"), clock)
+    await scheduler.submit(_request(1, 7, start=True))
+    clock.advance(0.04)
+    await asyncio.sleep(0.05)  # reaper ticks: 40 ms of 50 ms idle, still alive
+    await scheduler.submit(_request(2, 7))
+    clock.advance(0.06)
+    await asyncio.sleep(0.05)
+    with pytest.raises(InvalidArgumentError, match="released after being idle for more than 50000 us"):
+        await scheduler.submit(_request(3, 7, end=True))
+    await scheduler.drain()
+
+
+async def test_oldest_waits_for_a_fuller_batch_until_the_delay_passes() -> None:
+    clock = Clock()
+    sequence = "oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 100000 }"
+    scheduler, instances = _scheduler(_config(sequence), clock)
+    first = asyncio.create_task(scheduler.submit(_request(1, 1, start=True)))
+    second = asyncio.create_task(scheduler.submit(_request(2, 2, start=True)))
+    await asyncio.sleep(0.1)
+    assert not first.done() and instances[0].executions == []  # 2 < 4 and no time has passed
+    clock.advance(0.2)
+    third = asyncio.create_task(scheduler.submit(_request(3, 3, start=True)))  # wakes the lane
+    results = await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+    assert [int(r.outputs[0].data[0][0]) for r in results] == [1, 2, 3]
+    assert instances[0].executions == [[1, 1, 1]]
+    await scheduler.drain()
+
+
+async def test_direct_requests_of_one_sequence_run_in_order_one_per_batch() -> None:
+    clock = Clock()
+    scheduler, instances = _scheduler(_config(""), clock)
+    tasks = [asyncio.create_task(scheduler.submit(_request(v, 5, start=v == 0, end=v == 3))) for v in range(4)]
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert [int(r.outputs[0].data[0][0]) for r in results] == [0, 1, 2, 3]
+    assert instances[0].executions == [[1], [1], [1], [1]]
+    assert scheduler.pending() == 0
+    await scheduler.drain()
+
+
+async def test_drain_fails_backlogged_sequences() -> None:
+    clock = Clock()
+    scheduler, _ = _scheduler(_config("", max_batch=0), clock)
+    await scheduler.submit(_request(1, 1, start=True))  # holds the only slot
+    waiting = asyncio.create_task(scheduler.submit(_request(1, 2, start=True)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and scheduler.pending() == 1
+    await scheduler.drain()
+    with pytest.raises(Exception, match="unloading"):
+        await waiting
+
+
+# --- sequence_config ------------------------------------------------------------------------
+
+BAD_CONFIGS = {
+    'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ] } ] } ]':
+        "sequence batching control 'int32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_START for seq",
+    'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_READY } ] } ]':
+        "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for CONTROL_SEQUENCE_READY for seq",
+    'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] fp32_false_true: [ 0, 1 ] } ] } ]':
+        "sequence batching specifies more than one from",
+    'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, '
+    '{ name: "S" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] } ]':
+        "sequence batching control tensor 'S' is specified for multiple control kinds for seq",
+    'control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } ] } ]':
+        "must have data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING, got TYPE_FP32",
+    'state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 dims: [ 2 ] '
+    'initial_state { data_type: TYPE_INT32 dims: [ 3 ] zero_data: true name: "z" } } ]':
+        "'initial_state' dim for input name 'A' doesn't match 'state' dim description. 3 != 2",
+    'state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 dims: [ 2 ] '
+    'initial_state { data_type: TYPE_INT32 dims: [ 2 ] data_file: "missing.bin" name: "f" } } ]':
+        "cannot read initial_state data_file for 'A'",
+}
+
+
+@pytest.mark.parametrize("sequence", sorted(BAD_CONFIGS))
+def test_bad_sequence_config_is_a_load_error(sequence: str, tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError) as error:
+        parse_sequence_config(_config(sequence), tmp_path)
+    assert BAD_CONFIGS[sequence] in str(error.value)
+
+
+def test_control_tensors_and_initial_state_from_file(tmp_path: Path) -> None:
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "s.bin").write_bytes(np.array([7, 8], np.int32).tobytes())
+    spec = parse_sequence_config(_config(
+        'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] }, '
+        '{ name: "R" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] }, '
+        '{ name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] } ] '
+        'state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 dims: [ 2 ] '
+        'initial_state { data_type: TYPE_INT32 dims: [ 2 ] data_file: "s.bin" name: "f" } } ]'
+    ), tmp_path)
+    tensors = {t.name: t for t in spec.control_tensors(True, False, True, "abc")}
+    assert (tensors["S"].datatype, tensors["S"].data.tolist()) == ("FP32", [[1.0]])
+    assert (tensors["R"].datatype, tensors["R"].data.tolist()) == ("BOOL", [[True]])
+    assert (tensors["C"].datatype, tensors["C"].data.tolist()) == ("BYTES", [[b"abc"]])
+    assert spec.initial_states()["A"].tolist() == [[7, 8]]
+    assert spec.sequence_of({"sequence_id": "abc", "sequence_start": True}) == ("abc", True, False)
+    with pytest.raises(InvalidArgumentError, match="data-type is 'UINT64', but model 'seq' expects 'BYTES'"):
+        spec.sequence_of({"sequence_id": 5})
