@@ -38,12 +38,12 @@ class BuiltinLoad:
 
     name = "builtin"
 
-    def __init__(self, url: str, window: WindowSettings) -> None:
-        self.url, self.window = url, window
+    def __init__(self, window: WindowSettings) -> None:
+        self.window = window
 
-    def run(self, model: str, concurrency: int) -> LoadResult:
+    def run(self, url: str, model: str, concurrency: int) -> LoadResult:
         try:
-            return asyncio.run(self._run(model, concurrency))
+            return asyncio.run(self._run(url, model, concurrency))
         except Exception as exc:  # noqa: BLE001 - any client failure is this point's error, not a crash
             return LoadResult.failed(self.name, f"{type(exc).__name__}: {exc}")
 
@@ -54,9 +54,9 @@ class BuiltinLoad:
             import tritonclient.http.aio as module
         return module
 
-    async def _run(self, model: str, concurrency: int) -> LoadResult:
+    async def _run(self, url: str, model: str, concurrency: int) -> LoadResult:
         module = self._module()
-        client = module.InferenceServerClient(self.url)
+        client = module.InferenceServerClient(url)
         try:
             metadata = await client.get_model_metadata(model)
             if not isinstance(metadata, dict):  # gRPC returns a protobuf message

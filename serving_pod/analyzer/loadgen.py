@@ -64,27 +64,25 @@ class LoadResult:
 
 
 class LoadGenerator(Protocol):
-    """Drives ``model`` at ``concurrency`` outstanding requests and reports what the client saw."""
+    """Drives ``model`` at ``url`` (host:port of ``window.protocol``) with ``concurrency`` outstanding requests
+    and reports what the client saw."""
 
     name: str
+    window: WindowSettings
 
-    def run(self, model: str, concurrency: int) -> LoadResult: ...
+    def run(self, url: str, model: str, concurrency: int) -> LoadResult: ...
 
 
-def select(choice: str, *, http_url: str, grpc_url: str | None, window: WindowSettings,
-           perf_analyzer: str | None = None) -> LoadGenerator:
-    """``auto``: perf_analyzer when found and runnable, else the built-in generator."""
+def select(choice: str, *, window: WindowSettings, perf_analyzer: str | None = None) -> LoadGenerator:
+    """``auto``: perf_analyzer when found and runnable, else the built-in generator (no server needed yet)."""
     from serving_pod.analyzer import builtin_load, perf
 
     if choice not in CHOICES:
         raise InputError(f"invalid --load-generator {choice!r}: use one of {', '.join(CHOICES)}")
-    url = grpc_url if window.protocol == "grpc" else http_url
-    if window.protocol == "grpc" and not grpc_url:
-        raise InputError("--protocol grpc needs the server's gRPC address (--server-grpc-url for a remote server)")
     if choice != "builtin":
         located = perf.locate(perf_analyzer)
         if located.path is not None:
-            return perf.PerfAnalyzerLoad(located, url or http_url, window)
+            return perf.PerfAnalyzerLoad(located, window)
         if choice == "perf_analyzer":
             raise InputError(f"perf_analyzer is not available: {located.reason}")
-    return builtin_load.BuiltinLoad(url or http_url, window)
+    return builtin_load.BuiltinLoad(window)

@@ -66,12 +66,12 @@ def failed(model: str, config_key: str, concurrency: int, error: str, window: st
     return Measurement(model, config_key, concurrency, math.nan, math.nan, stable=False, window=window, error=error)
 
 
-def measure(client: ServerClient, pid: int | None, load: LoadGenerator, model: str, config_key: str,
+def measure(client: ServerClient, pid: int | None, load: LoadGenerator, url: str, model: str, config_key: str,
             concurrency: int, window: str) -> Measurement:
-    """Run the load and assemble one :class:`Measurement` (errors are recorded, not raised)."""
+    """Run the load against ``url`` and assemble one :class:`Measurement` (errors are recorded, not raised)."""
     before = StatsSnapshot.from_response(client.statistics(model))
     with ResourceSampler(pid) as sampler:
-        result = load.run(model, concurrency)
+        result = load.run(url, model, concurrency)
     after = StatsSnapshot.from_response(client.statistics(model))
     server = breakdown(before, after)
     usage = sampler.usage()

@@ -140,15 +140,15 @@ class PerfAnalyzerLoad:
 
     name = "perf_analyzer"
 
-    def __init__(self, located: Located, url: str, window: WindowSettings) -> None:
+    def __init__(self, located: Located, window: WindowSettings) -> None:
         assert located.path is not None
-        self.located, self.url, self.window = located, url, window
+        self.located, self.window = located, window
 
-    def run(self, model: str, concurrency: int) -> LoadResult:
+    def run(self, url: str, model: str, concurrency: int) -> LoadResult:
         budget_s = 60 + self.window.max_trials * self.window.measurement_interval_ms / 1e3 * 3
         with tempfile.TemporaryDirectory(prefix="ferry-analyzer-") as tmp:
             csv_path = Path(tmp) / "point.csv"
-            argv = [str(self.located.path), *perf_args(model, self.url, concurrency, self.window, str(csv_path))]
+            argv = [str(self.located.path), *perf_args(model, url, concurrency, self.window, str(csv_path))]
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget_s, env=dict(self.located.env))
             except subprocess.TimeoutExpired:

@@ -1,8 +1,8 @@
 """``ferry-analyzer profile``: validate inputs, start (or reach) the server, sweep each model, recommend.
 
 Inputs are checked before anything starts (unknown model, unreadable config, output repository
-collisions). Then one server serves the whole sweep; for each model the search (``search``) runs through a
-``runner.ModelRunner``; afterwards every measurement of the model in the checkpoint is ranked
+collisions). One server serves the whole sweep; for each model the search (``search``) runs through a
+``runner.ModelRunner`` (which starts the server on its first measurement); afterwards every measurement of the model in the checkpoint is ranked
 (``objectives``), the winner's ``config.pbtxt`` is written into a copy of the model in the output
 repository, and the outcome (recommended point, default point, gain, or why nothing qualifies) is stored
 in the checkpoint for the report.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from serving_pod.analyzer.runner import ModelRunner
 from serving_pod.analyzer.search import Candidate, SearchSettings, search
 from serving_pod.analyzer.space import (SearchSpace, apply_point, config_from_dict, config_pbtxt, point_of,
                                        read_base_config)
-from serving_pod.analyzer.target import LaunchSettings, LocalServer, ServerClient, remote_client
+from serving_pod.analyzer.target import LaunchSettings, Session
 
 
 @dataclass(frozen=True)
@@ -83,54 +82,34 @@ def check_inputs(settings: ProfileSettings) -> dict[str, tuple[Path, Any]]:
     return found
 
 
-@contextlib.contextmanager
-def server_for(settings: ProfileSettings) -> Iterator[tuple[ServerClient, int | None, str | None]]:
-    """``(client, server pid or None, gRPC url or None)`` for the sweep; a local server is stopped after."""
-    if settings.server_url:
-        yield remote_client(settings.server_url), None, settings.server_grpc_url
-        return
-    launch = settings.launch or LaunchSettings(repository=settings.repository)
-    with LocalServer(launch) as server:
-        client = server.start()
-        yield client, server.pid, None
-
-
 def run_profile(settings: ProfileSettings) -> list[ModelResult]:
     models = check_inputs(settings)
-    load_choice = settings.load_generator
-    with server_for(settings) as (client, pid, grpc_url):
-        generator = loadgen.select(load_choice, http_url=client.http_url, grpc_url=grpc_url,
-                                   window=settings.window, perf_analyzer=settings.perf_analyzer)
-        checkpoint = Checkpoint.open(settings.checkpoint_dir,
-                                     settings={"load_generator": generator.name, "window": settings.window.signature()})
-        results = []
-        for name, (model_dir, base) in models.items():
-            results.append(_profile_model(settings, checkpoint, client, pid, generator, name, model_dir, base))
-    return results
+    generator = loadgen.select(settings.load_generator, window=settings.window, perf_analyzer=settings.perf_analyzer)
+    checkpoint = Checkpoint.open(settings.checkpoint_dir,
+                                 settings={"load_generator": generator.name, "window": settings.window.signature()})
+    launch = settings.launch or LaunchSettings(repository=settings.repository)
+    with Session(launch=None if settings.server_url else launch, server_url=settings.server_url,
+                 server_grpc_url=settings.server_grpc_url) as session:
+        return [_profile_model(settings, checkpoint, session, generator, name, model_dir, base)
+                for name, (model_dir, base) in models.items()]
 
 
-def _profile_model(settings: ProfileSettings, checkpoint: Checkpoint, client: ServerClient, pid: int | None,
+def _profile_model(settings: ProfileSettings, checkpoint: Checkpoint, session: Session,
                    generator: loadgen.LoadGenerator, name: str, model_dir: Path, base: Any) -> ModelResult:
     default_point = point_of(base)
     exact = apply_point(base, default_point) == base
     default = Candidate(default_point.key if exact else "default", default_point)
-    entry = checkpoint.model(name)
-    entry["default_key"] = default.key
-    was_ready = settings.server_url is not None and client.model_ready(name)
+    checkpoint.model(name)["default_key"] = default.key
     progress = Progress(f"profile {name}", enabled=settings.progress)
-    runner = ModelRunner(name, base, default.key, client, pid, generator, checkpoint,
-                         settings.window.signature(), progress)
-    error = runner.ensure_loaded(default)
-    if error:
-        progress.close()
-        raise AnalyzerError(f"model '{name}' does not load with its own configuration: {error}")
+    runner = ModelRunner(name, base, default.key, session, generator, checkpoint, settings.window.signature(),
+                         progress)
     try:
         search(runner, settings.space.for_model(default_point), default, settings.objective, settings.constraints,
                settings.search)
     finally:
         progress.close()
         with contextlib.suppress(AnalyzerError):
-            client.load(name) if was_ready else client.unload(name)  # leave the server as it was
+            runner.restore()
     return _recommend(settings, checkpoint, runner, name, model_dir, default.key)
 
 

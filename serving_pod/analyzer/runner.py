@@ -4,7 +4,8 @@ For each point asked for, a successful measurement already in the checkpoint is 
 how an interrupted sweep resumes). Otherwise the candidate's configuration is loaded on the server through
 the repository API with a ``config`` override — only when it differs from what is loaded — measured, and
 recorded in the checkpoint before the next point starts. A configuration the server refuses is recorded
-with its error and yields failed measurements; the sweep goes on.
+with its error and yields failed measurements; the sweep goes on — except the model's own configuration,
+whose refusal ends the sweep. The server is only started (``target.Session``) when something must be measured.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving_pod.analyzer.checkpoint import Checkpoint
+from serving_pod.analyzer.errors import AnalyzerError
 from serving_pod.analyzer.loadgen import LoadGenerator
 from serving_pod.analyzer.measure import Measurement, failed, measure
 from serving_pod.analyzer.progress import Progress
 from serving_pod.analyzer.search import Candidate
 from serving_pod.analyzer.space import apply_point, config_dict, config_json
-from serving_pod.analyzer.target import LoadError, ServerClient
+from serving_pod.analyzer.target import LoadError, Session
 
 
 @dataclass
@@ -28,8 +30,7 @@ class ModelRunner:
     model: str
     base_config: Any
     default_key: str
-    client: ServerClient
-    pid: int | None
+    session: Session
     load: LoadGenerator
     checkpoint: Checkpoint
     window: str
@@ -38,6 +39,8 @@ class ModelRunner:
     reused: int = 0
     loaded_key: str | None = None
     load_errors: dict[str, str] = field(default_factory=dict)
+    #: whether a remote server had the model ready before the sweep (None until the first load)
+    was_ready: bool | None = None
 
     def config_for(self, candidate: Candidate) -> Any:
         return self.base_config if candidate.key == self.default_key else apply_point(self.base_config,
@@ -51,9 +54,14 @@ class ModelRunner:
             return ""
         config = self.config_for(candidate)
         self.checkpoint.add_config(self.model, candidate.key, candidate.point.as_dict(), config_dict(config))
+        client = self.session.client()
+        if self.was_ready is None:
+            self.was_ready = self.session.remote and client.model_ready(self.model)
         try:
-            self.client.load(self.model, config_json(config))
+            client.load(self.model, config_json(config))
         except LoadError as exc:
+            if candidate.key == self.default_key:
+                raise AnalyzerError(f"model '{self.model}' does not load with its own configuration: {exc}") from None
             self.loaded_key = None
             self.load_errors[candidate.key] = str(exc)
             self.checkpoint.config_error(self.model, candidate.key, str(exc))
@@ -71,10 +79,19 @@ class ModelRunner:
         error = self.ensure_loaded(candidate)
         if error:
             return failed(self.model, candidate.key, concurrency, error, self.window)
-        result = measure(self.client, self.pid, self.load, self.model, candidate.key, concurrency, self.window)
+        result = measure(self.session.client(), self.session.pid, self.load, self.session.url(self.load.window.protocol),
+                         self.model, candidate.key, concurrency, self.window)
         self.checkpoint.record(result)
         self.measured += 1
         figures = (f"{result.throughput:.0f}/s p99={result.p99_ms:.2f}ms" if result.ok
                    else f"failed: {result.error[:80]}")
         self.progress.update(f"{self.model} {candidate.key} c={concurrency} {figures}")
         return result
+
+    def restore(self) -> None:
+        """Leave the server as found: unload the model, or reload a remote server's own config of it."""
+        if self.was_ready is None:
+            return  # never touched the server
+        client = self.session.client()
+        client.load(self.model) if self.was_ready else client.unload(self.model)
+        self.loaded_key = None

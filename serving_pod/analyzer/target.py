@@ -127,6 +127,7 @@ class LocalServer:
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: ServerClient | None = None
+        self.grpc_url: str | None = None
         self.log_path = settings.log_path or Path(os.devnull)
 
     @property
@@ -162,6 +163,7 @@ class LocalServer:
                 client = ServerClient(f"127.0.0.1:{match['hport']}")
                 if client.live():
                     self.client = client
+                    self.grpc_url = f"127.0.0.1:{match['gport']}" if match["gport"] != "0" else None
                     return client
             if time.monotonic() > deadline:
                 self.stop()
@@ -196,6 +198,51 @@ class LocalServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Session:
+    """The server under test, started (or reached) on first use: a sweep whose every point is already in the
+    checkpoint re-ranks without any server. Use as a context manager; a started server is stopped at exit."""
+
+    def __init__(self, *, launch: LaunchSettings | None, server_url: str | None = None,
+                 server_grpc_url: str | None = None) -> None:
+        self.launch, self.server_url, self.server_grpc_url = launch, server_url, server_grpc_url
+        self.local: LocalServer | None = None
+        self._client: ServerClient | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.server_url is not None
+
+    def client(self) -> ServerClient:
+        if self._client is None:
+            if self.server_url:
+                self._client = remote_client(self.server_url)
+            else:
+                assert self.launch is not None
+                self.local = LocalServer(self.launch)
+                self._client = self.local.start()
+        return self._client
+
+    @property
+    def pid(self) -> int | None:
+        return self.local.pid if self.local else None
+
+    def url(self, protocol: str) -> str:
+        client = self.client()
+        if protocol == "http":
+            return client.http_url
+        grpc_url = self.server_grpc_url if self.remote else (self.local.grpc_url if self.local else None)
+        if not grpc_url:
+            raise InputError("--protocol grpc needs the server's gRPC address (--server-grpc-url with --server-url)")
+        return grpc_url
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.local is not None:
+            self.local.stop()
 
 
 def remote_client(url: str) -> ServerClient:

@@ -146,6 +146,8 @@ def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> Seq
     """``SequenceSpec`` of ``config``; ModelLoadError naming the model and field on a bad config."""
     name = config.name
     sequence = config.sequence_batching
+    if sequence.iterative_sequence:
+        raise ModelLoadError(f"model '{name}': sequence_batching iterative_sequence is not supported by this server")
     controls: dict[str, BoolControl] = {}
     corrid_name, corrid_type = "", ""
     seen: set[str] = set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -128,3 +129,16 @@ def test_no_command(capsys: pytest.CaptureFixture[str]) -> None:
     code = main([])
     captured = capsys.readouterr()
     assert code == 2 and "{profile,report}" in captured.err
+
+
+def test_model_the_server_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(DEFAULT_MODELS / "mlp_onnx", repo / "mlp_onnx")
+    config = repo / "mlp_onnx" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "INPUT0"', 'name: "NOT_AN_INPUT"'))
+    args = profile_args(tmp_path, "--load-generator", "builtin")
+    args[args.index("--model-repository") + 1] = str(repo)
+    code, err = run(capsys, *args)
+    assert code == 1
+    assert "error: model 'mlp_onnx' does not load with its own configuration: server refused to load" in err
+    assert "NOT_AN_INPUT" in err

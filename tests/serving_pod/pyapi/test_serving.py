@@ -37,7 +37,7 @@ def server():
     with Server(http_port=0, grpc_port=0, metrics_port=0) as started:
         started.bind(
             "slow_double", slow_double, [Tensor("x", np.float32, (-1,))], [Tensor("y", np.float32, (-1,))],
-            ModelConfig(max_batch_size=16, batcher=DynamicBatcher(max_queue_delay_microseconds=30_000)),
+            ModelConfig(max_batch_size=16, batcher=DynamicBatcher(max_queue_delay_microseconds=100_000)),
         )
         started.bind("fragile", fragile, [Tensor("x", np.float32, (2,))], [Tensor("y", np.float32, (2,))])
         yield started
