@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -121,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--strict-model-config", type=_bool, default=None,
         help="deprecated tritonserver flag: true is --disable-auto-complete-config")
     add("--backend-config", action="append", default=[], type=_backend_config)
+    add("--default-instance-kind", choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"],
+        default=os.environ.get("FERRY_INSTANCE_KIND", "KIND_AUTO"),
+        help="kind of instance groups that say KIND_AUTO or are absent (the operator sets "
+             "FERRY_INSTANCE_KIND=KIND_GPU on GPU pods)")
     add("--cache-config", action="append", default=[], type=_cache_config,
         help="response cache: local,size=<bytes> (models opt in with response_cache { enable: true })")
     add("--response-cache-byte-size", type=_non_negative(int), default=None,
@@ -163,6 +168,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         autocomplete=autocomplete,
         backend_config=backend_config,
         server_id=args.id,
+        default_instance_kind=args.default_instance_kind,
         cache_config=cache_config,
         rate_limit=args.rate_limit,
         rate_limit_resources=tuple(args.rate_limit_resource),

@@ -9,6 +9,7 @@ unloads every model (python models' ``finalize`` runs), and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -49,7 +50,8 @@ def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own signals
+    # we own SIGTERM/SIGINT (drain first, then close): uvicorn must not capture them
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     return server
 
 

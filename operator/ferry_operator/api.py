@@ -16,7 +16,7 @@ import logging
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 
@@ -174,7 +174,7 @@ class KubeApi:
         return True
 
     @staticmethod
-    def _raise(status: int, body: Any, what: str) -> None:
+    def _raise(status: int, body: Any, what: str) -> NoReturn:
         message = body.get("message") if isinstance(body, Mapping) else None
         raise ApiError(status, f"{what}: {message or body}")
 

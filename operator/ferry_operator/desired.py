@@ -151,14 +151,13 @@ def _objects(
     if predictor.effective_min_replicas > 1:
         out.append(Apply(scaling.pdb(isvc=isvc, namespace=namespace)))
     if gateway:
-        route = dict(isvc=isvc, namespace=namespace, gateway_name=config.gateway_name,
-                     gateway_namespace=config.gateway_namespace, timeout_s=predictor.timeout)
         weighted = [(naming.tag_service(isvc, t.tag), t.percent) for t in plan.traffic]
-        out.append(Apply(networking.http_route(
-            name=naming.route(isvc), hostname=naming.host(isvc, namespace, config.ingress_domain),
-            backends=weighted, **route)))
-        for tag in ("latest", "prev") if plan.stable else ("latest",):
+        routes: list[tuple[str | None, list[tuple[str, int]]]] = [(None, weighted)]
+        routes += [(tag, [(naming.tag_service(isvc, tag), 100)]) for tag in ("latest", "prev") if tag == "latest" or plan.stable]
+        for tag, backends in routes:
             out.append(Apply(networking.http_route(
-                name=naming.route(isvc, tag), hostname=naming.host(isvc, namespace, config.ingress_domain, tag),
-                backends=[(naming.tag_service(isvc, tag), 100)], **route)))
+                isvc=isvc, namespace=namespace, name=naming.route(isvc, tag),
+                hostname=naming.host(isvc, namespace, config.ingress_domain, tag), backends=backends,
+                gateway_name=config.gateway_name, gateway_namespace=config.gateway_namespace,
+                timeout_s=predictor.timeout)))
     return out

@@ -61,7 +61,7 @@ def build_registry(config: OperatorConfig, *, login: Login = default_login) -> k
         return login(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **kwargs: Any) -> None:
+    async def configure(*, settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
         settings.persistence.finalizer = config.finalizer
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.prefix)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -79,13 +79,13 @@ def build_registry(config: OperatorConfig, *, login: Login = default_login) -> k
         memo.discovery = reconcile.Discovery()
 
     @kopf.on.cleanup(registry=registry)
-    async def close(memo: kopf.Memo, **_: Any) -> None:
+    async def close(*, memo: kopf.Memo, **_: Any) -> None:
         if getattr(memo, "kube", None) is not None:
             await memo.kube.close()
 
     # The id is the keyword under which kopf hands the index to the other handlers.
     @kopf.index("apps", "v1", "deployments", id=INDEX, labels={naming.LABEL_ISVC: kopf.PRESENT}, registry=registry)
-    def deployments_by_isvc(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> Any:
+    def deployments_by_isvc(*, body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> Any:
         return {(namespace, labels[naming.LABEL_ISVC]): observe(body)}
 
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, index: kopf.Index, logger: Any) -> None:
@@ -114,17 +114,17 @@ def build_registry(config: OperatorConfig, *, login: Login = default_login) -> k
     @kopf.on.resume(*isvcs, registry=registry, backoff=backoff)
     @kopf.on.create(*isvcs, registry=registry, backoff=backoff)
     @kopf.on.update(*isvcs, registry=registry, backoff=backoff)
-    async def reconcile_on_change(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
+    async def reconcile_on_change(*, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
         await _reconcile(body, memo, patch, kwargs[INDEX], logger)
 
     @kopf.timer(*isvcs, interval=config.resync_seconds, registry=registry, backoff=backoff)
-    async def reconcile_on_timer(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
+    async def reconcile_on_timer(*, body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, logger: Any, **kwargs: Any) -> None:
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return
         await _reconcile(body, memo, patch, kwargs[INDEX], logger)
 
     @kopf.on.delete(*isvcs, registry=registry, backoff=backoff)
-    async def clean_up(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
+    async def clean_up(*, body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
         meta = body.get("metadata") or {}
         states = kwargs[INDEX].get((meta.get("namespace"), meta.get("name")), [])
         try:

@@ -134,7 +134,7 @@ def _predictor(r: specreader.Reader) -> PredictorSpec:
     if r.has("model") == r.has("triton"):
         raise SpecError(r.path, "exactly one of 'model' or 'triton' must be set")
     which = "model" if r.has("model") else "triton"
-    min_replicas = r.int("minReplicas", 1, minimum=0)
+    min_replicas = r.integer("minReplicas", 1, minimum=0)
     max_replicas = r.opt_int("maxReplicas", minimum=1)
     if max_replicas is not None and min_replicas > max_replicas:
         raise SpecError(f"{r.path}.minReplicas", f"must be <= maxReplicas ({min_replicas} > {max_replicas})")
@@ -174,7 +174,7 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
     uri = r.opt_str("storageUri")
     if uri is not None and not (uri.startswith(STORAGE_SCHEMES) or uri.startswith("/")):
         raise SpecError(f"{r.path}.storageUri", f"unsupported URI {uri!r}: use {', '.join(STORAGE_SCHEMES)}")
-    if uri is not None and uri.startswith("pvc://") and not uri[len("pvc://"):].split("/")[0]:
+    if uri is not None and uri.startswith("pvc://") and not uri[len("pvc://"):].partition("/")[0]:
         raise SpecError(f"{r.path}.storageUri", f"{uri!r} names no claim (pvc://<claim>/<path>)")
     runtime = r.opt_str("runtime")
     if runtime is not None and runtime not in RUNTIMES:
@@ -194,7 +194,7 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
             raise SpecError(f"{r.path}.args", f"{flag} is set by the operator (probes and Services depend on it)")
     return ModelSpec(
         storage_uri=uri,
-        model_format=ModelFormat(fmt.str("name"), fmt.opt_str("version")) if fmt is not None else None,
+        model_format=ModelFormat(fmt.text("name"), fmt.opt_str("version")) if fmt is not None else None,
         runtime=runtime,
         runtime_version=r.opt_str("runtimeVersion"),
         protocol_version=protocol,
@@ -211,7 +211,7 @@ def _gpu(r: specreader.Reader) -> GpuSpec:
     if r.has("migStrategy") and not r.has("migProfile"):
         raise SpecError(f"{r.path}.migStrategy", "needs migProfile (the MIG slice to request)")
     return GpuSpec(
-        count=r.int("count", 1, minimum=1, maximum=16),
+        count=r.integer("count", 1, minimum=1, maximum=16),
         mig_profile=r.opt_str("migProfile"),
         mig_strategy=r.enum("migStrategy", MIG_STRATEGIES, "mixed"),
         product=r.opt_str("product"),

@@ -62,7 +62,7 @@ class Reader:
         value = self._get(key, (str,), "a string")
         return value or None
 
-    def str(self, key: str) -> str:
+    def text(self, key: str) -> str:
         value = self.opt_str(key)
         if value is None:
             raise SpecError(f"{self.path}.{key}", "is required")
@@ -79,7 +79,7 @@ class Reader:
             raise SpecError(f"{self.path}.{key}", f"must be <= {maximum}, got {value}")
         return value
 
-    def int(self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    def integer(self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.opt_int(key, minimum=minimum, maximum=maximum)
         return default if value is None else value
 

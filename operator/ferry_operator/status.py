@@ -22,13 +22,13 @@ def condition(
     kind: str, status: str, reason: str, message: str, previous: Sequence[Mapping[str, Any]], now: str
 ) -> dict[str, Any]:
     old = next((c for c in previous if c.get("type") == kind), None)
-    moved = old is None or old.get("status") != status
+    since = now if old is None or old.get("status") != status else old.get("lastTransitionTime", now)
     return {
         "type": kind,
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": now if moved else old.get("lastTransitionTime", now),
+        "lastTransitionTime": since,
     }
 
 

@@ -116,14 +116,15 @@ def _model_section(view: ModelView, top: int) -> str:
              f"<p>{escape(result.get('message', 'The sweep did not finish; figures so far are shown.'))}</p>"]
     series = []
     for key in dict.fromkeys([k for k, _ in ranked]):
+        curve = [m for m in sorted(view.measurements, key=lambda m: m.concurrency) if m.config_key == key and m.ok]
         points = tuple((m.p99_ms, m.throughput, f"{key} c={m.concurrency}: {m.throughput:.1f} infer/s, "
-                        f"p99 {m.p99_ms:.3f} ms") for m in sorted(view.measurements, key=lambda m: m.concurrency)
-                       if m.config_key == key and m.ok)
+                        f"p99 {m.p99_ms:.3f} ms") for m in curve)
         emphasis = key in (best_ref.get("config_key"), view.default_key)
         name = key + (" (recommended)" if key == best_ref.get("config_key") else "") + \
             (" (default)" if key == view.default_key else "")
         series.append(svg.Series(name if key in colors else "other configurations", points,
-                                 colors.get(key, "#c8c8c8"), emphasis=emphasis))
+                                 colors.get(key, "#c8c8c8"), emphasis=emphasis,
+                                 labels=tuple(f"c={m.concurrency}" for m in curve)))
     charts = [svg.scatter(series, title="Throughput vs p99 latency", x_label="p99 latency (ms)",
                           y_label="throughput (infer/s)")]
     bests = [(key, m) for key, m in ranked if key in colors and m is not None]

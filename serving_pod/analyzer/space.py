@@ -144,6 +144,10 @@ def neighbours(space: SearchSpace, point: ConfigPoint, dimension: str) -> Iterat
     seen = {point}
     for value in space.values(dimension):
         candidate = with_value(point, dimension, value)
+        if dimension == "dynamic_batching" and value and not point.dynamic_batching:
+            # switching the batcher on: start from the space's first delay and preferred choice
+            candidate = with_value(with_value(candidate, "max_queue_delay_us", space.delays_us[0]),
+                                   "preferred", space.preferred[0])
         if candidate not in seen:
             seen.add(candidate)
             yield candidate

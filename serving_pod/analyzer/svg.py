@@ -14,17 +14,18 @@ from html import escape
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f")
-_W, _H = 680, 400
-_LEFT, _RIGHT, _TOP, _BOTTOM = 70, 190, 34, 52
+_W, _H = 720, 400
+_LEFT, _RIGHT, _TOP, _BOTTOM = 70, 230, 34, 52
 
 
 @dataclass(frozen=True)
 class Series:
     name: str
-    points: tuple[tuple[float, float, str], ...]  # x, y, tooltip
+    points: tuple[tuple[float, float, str], ...]  # x, y, tooltip; lines join them in this order
     color: str
     connect: bool = True
     emphasis: bool = False
+    labels: tuple[str, ...] = ()  # short text beside each point (emphasized series only)
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -78,7 +79,7 @@ def _legend(entries: Sequence[tuple[str, str, bool]]) -> list[str]:
         y = _TOP + 8 + i * 16
         weight = ' font-weight="bold"' if emphasis else ""
         out.append(f'<rect x="{x}" y="{y - 8}" width="10" height="10" fill="{color}"/>')
-        out.append(f'<text x="{x + 14}" y="{y + 1}"{weight}>{escape(name[:28])}</text>')
+        out.append(f'<text x="{x + 14}" y="{y + 1}"{weight}>{escape(name[:34])}</text>')
     return out
 
 
@@ -97,16 +98,22 @@ def scatter(series: Sequence[Series], *, title: str, x_label: str, y_label: str)
 
     out = _frame(title, x_label, y_label, xt, yt, sx, sy)
     for s in sorted(series, key=lambda s: s.emphasis):  # emphasized series drawn last, on top
-        points = [p for p in s.points if math.isfinite(p[0]) and math.isfinite(p[1])]
+        kept = [i for i, p in enumerate(s.points) if math.isfinite(p[0]) and math.isfinite(p[1])]
+        points = [s.points[i] for i in kept]
         width = 2.5 if s.emphasis else 1.2
         if s.connect and len(points) > 1:
-            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _ in sorted(points))
+            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _ in points)
             out.append(f'<polyline points="{path}" fill="none" stroke="{s.color}" stroke-width="{width}"/>')
         radius = 5 if s.emphasis else 3.5
         for x, y, tip in points:
             out.append(f'<circle class="pt" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{radius}" fill="{s.color}" '
                        f'stroke="black" stroke-width="{0.8 if s.emphasis else 0.2}"><title>{escape(tip)}</title>'
                        "</circle>")
+        if s.emphasis and s.labels:
+            for i in kept:
+                x, y, _ = s.points[i]
+                out.append(f'<text x="{sx(x) + 7:.1f}" y="{sy(y) - 5:.1f}" font-size="9" fill="#444">'
+                           f"{escape(s.labels[i])}</text>")
     legend: dict[str, tuple[str, str, bool]] = {}
     for s in series:
         legend.setdefault(s.name, (s.name, s.color, s.emphasis))

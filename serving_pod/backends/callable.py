@@ -147,23 +147,32 @@ class CallableInstance:
                 live.append(request)
         if not live:
             return answers
+        streams: list[InferRequest | None] = list(live)  # None once answered or gone
         calls = [Request({t.name: t.data for t in r.inputs}, r.parameters, r.id) for r in live]
         token = _CURRENT.set(self.binding)
         try:
             produced = self._resolve(self.function(calls))
             for step in self._steps(produced):
                 results = self._results(step, len(live))
-                for request, item in zip(live, results):
-                    request.responder(self._response(request, item), False)
-                if all(r.cancelled is not None and r.cancelled.is_set() for r in live):
-                    self._close_stream(produced)  # every client went away: stop generating
+                for index, (stream, item) in enumerate(zip(streams, results)):
+                    if stream is None:
+                        continue
+                    response = self._response(stream, item)
+                    failed = isinstance(response, ServerError)
+                    stream.responder(response, failed)  # an error ends that request's stream
+                    if failed or (stream.cancelled is not None and stream.cancelled.is_set()):
+                        streams[index] = None
+                if not any(streams):
+                    self._close_stream(produced)  # every client is answered or gone: stop generating
                     break
-            for request in live:
-                request.responder(None, True)
+            for open_request in streams:
+                if open_request is not None:
+                    open_request.responder(None, True)
         except (Exception, SystemExit) as exc:
             error = self._failure(exc)
-            for request in live:
-                request.responder(error, True)
+            for open_request in streams:
+                if open_request is not None:
+                    open_request.responder(error, True)
         finally:
             _CURRENT.reset(token)
         return answers

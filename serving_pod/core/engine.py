@@ -62,6 +62,8 @@ class EngineOptions:
     strict_readiness: bool = True
     exit_timeout_secs: float = 30.0
     autocomplete: bool = True
+    #: the kind of instance groups that say KIND_AUTO (or no group at all): KIND_AUTO, KIND_CPU, KIND_GPU
+    default_instance_kind: str = "KIND_AUTO"
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     server_id: str = "triton"
     #: ``--cache-config <cache>,<key>=<value>`` settings by cache name (only "local": size=<bytes>)
@@ -105,11 +107,13 @@ class Engine:
             autocomplete=options.autocomplete,
             backend_config=options.backend_config,
             engine=self,
+            default_instance_kind=options.default_instance_kind,
         )
         self.live = False
         self.shutting_down = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread = 0
+        self.initial_load_done = False
         self._inflight = 0
         self._idle = asyncio.Event()
         self._poller: asyncio.Task | None = None
@@ -136,6 +140,7 @@ class Engine:
             if "*" in names:
                 names = sorted((await asyncio.to_thread(self.repository.scan))[0])
             self.startup_failures = await self.registry.load_many(names)
+        self.initial_load_done = True
         if mode == "poll":
             self._poller = asyncio.create_task(self._poll_loop())
 
@@ -166,7 +171,8 @@ class Engine:
         return self.live
 
     def is_ready(self) -> bool:
-        if not self.live or self.shutting_down:
+        """Live, not shutting down, initial models loaded (and, with strict readiness, all of them READY)."""
+        if not self.live or self.shutting_down or not self.initial_load_done:
             return False
         if not self.options.strict_readiness:
             return True

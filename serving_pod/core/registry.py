@@ -82,10 +82,12 @@ class ModelRegistry:
         autocomplete: bool = True,
         backend_config: dict[str, dict[str, str]] | None = None,
         engine: Any = None,
+        default_instance_kind: str = "KIND_AUTO",
     ) -> None:
         self.repository = repository
         self.autocomplete = autocomplete
         self.backend_config = backend_config or {}
+        self.default_instance_kind = default_instance_kind
         self.engine = engine
         self.entries: dict[str, ModelEntry] = {}
         self.on_change: list[Callable[[], None]] = []
@@ -277,6 +279,7 @@ class ModelRegistry:
             autocomplete=self.autocomplete,
             override_json=config_override,
             backend_config=self.backend_config,
+            default_instance_kind=self.default_instance_kind,
         )
         built = []
         try:

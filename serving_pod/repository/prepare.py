@@ -24,6 +24,7 @@ def prepare_config(
     autocomplete: bool = True,
     override_json: str | None = None,
     backend_config: dict[str, dict[str, str]] | None = None,
+    default_instance_kind: str = "KIND_AUTO",
 ) -> tuple[mc.ModelConfig, str, list[int]]:
     """The completed config, its backend name and the versions to load."""
     if not model_dir.is_dir():
@@ -51,7 +52,7 @@ def prepare_config(
             ):
                 config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
-    _default_instance_groups(config, backend_name)
+    _default_instance_groups(config, backend_name, default_instance_kind)
     validate_config(config)
     return config, backend_name, versions
 
@@ -77,8 +78,9 @@ def _check_model_files(
             )
 
 
-def _default_instance_groups(config: mc.ModelConfig, backend: str) -> None:
-    """Triton's defaults: one group of one instance; KIND_AUTO is GPU where the backend can use a visible GPU."""
+def _default_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str = "KIND_AUTO") -> None:
+    """Triton's defaults: one group of one instance; KIND_AUTO becomes ``default_kind`` when that is set
+    (``--default-instance-kind``), else GPU where the backend can use a visible GPU, else CPU."""
     if config.platform == "ensemble":
         return
     if not config.instance_group:
@@ -88,6 +90,8 @@ def _default_instance_groups(config: mc.ModelConfig, backend: str) -> None:
             group.count = 1
         if not group.name:
             group.name = f"{config.name}_{index}"
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO and default_kind != "KIND_AUTO":
+            group.kind = mc.ModelInstanceGroup.Kind.Value(default_kind)
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
             group.kind = (
                 mc.ModelInstanceGroup.KIND_GPU

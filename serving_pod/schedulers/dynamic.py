@@ -94,12 +94,9 @@ class DynamicScheduler:
             raise
         self._outstanding += 1
         self._idle.clear()
-        if not self._scheduled:
-            if self.queue.size == 1 and self.pool.idle_count():
-                self._schedule()  # nothing to batch with and an instance idles: no extra loop turn
-            else:  # coalesce every arrival of this loop iteration into one pass
-                self._scheduled = True
-                loop.call_soon(self._schedule)
+        if not self._scheduled:  # one pass for every arrival of this loop iteration
+            self._scheduled = True
+            loop.call_soon(self._schedule)
         result = await entry.future
         if isinstance(result, ServerError):
             raise result
@@ -213,9 +210,8 @@ class DynamicScheduler:
             slot = [entries, None]
             self._completions.append(slot)
         assert self._loop is not None
-        task = self._loop.create_task(self._execute(index, entries, slot))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # held here until it ends (the loop keeps only weak references); no done-callback turn
+        self._tasks.add(self._loop.create_task(self._execute(index, entries, slot)))
 
     async def _execute(self, index: int, entries: list[Entry], slot: list | None) -> None:
         try:
@@ -224,6 +220,7 @@ class DynamicScheduler:
             results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(entries)
         finally:
             self.pool.release(index)
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         if self.queue.size:
             self._schedule()
         if slot is None:

@@ -8,6 +8,7 @@ CEL ``x-kubernetes-validations`` rules, evaluated by cel-python.
 from __future__ import annotations
 
 import copy
+import re
 import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -113,3 +114,23 @@ def body(spec: Mapping[str, Any], *, name: str = "demo", namespace: str = "defau
     if status is not None:
         obj["status"] = dict(status)
     return obj
+
+
+_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def check_http_route(obj: dict[str, Any]) -> None:
+    """The Gateway API v1 HTTPRoute rules kubernetes-validate cannot check (no CRD schemas)."""
+    assert obj["apiVersion"] == "gateway.networking.k8s.io/v1" and obj["kind"] == "HTTPRoute"
+    spec_ = obj["spec"]
+    assert set(spec_) <= {"parentRefs", "hostnames", "rules"}
+    assert 1 <= len(spec_["parentRefs"]) <= 32 and all(ref["name"] for ref in spec_["parentRefs"])
+    assert all(_HOST.match(h) and len(h) <= 253 for h in spec_["hostnames"])
+    for rule in spec_["rules"]:
+        assert set(rule) <= {"matches", "backendRefs", "timeouts", "filters", "name"}
+        for ref in rule["backendRefs"]:
+            assert 0 <= ref["weight"] <= 1_000_000 and 1 <= ref["port"] <= 65535 and ref["kind"] == "Service"
+        for value in rule.get("timeouts", {}).values():
+            assert _DURATION.match(value)
+    assert len(obj["metadata"]["name"]) <= 253

@@ -8,7 +8,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from operator_support import INVALID, K8S_VERSIONS, KSERVE, SAMPLES, crd, cr_errors, expectation, load, openapi_schema
+from operator_support import (
+    CRD_PATH, INVALID, K8S_VERSIONS, KSERVE, SAMPLES, crd, cr_errors, expectation, load, load_all, openapi_schema,
+    validate_manifest,
+)
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -71,3 +74,24 @@ def test_invalid_samples_are_refused_with_their_reason(path: Path) -> None:
     errors = cr_errors(load(path))
     assert errors, f"{path.name} was admitted"
     assert any(expected in error for error in errors), errors
+
+
+MANIFESTS = sorted((CRD_PATH.parents[1] / "config" / "rbac").glob("*.yaml")) + sorted(
+    (CRD_PATH.parents[1] / "config" / "manager").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_operator_manifests_are_valid(path: Path) -> None:
+    for obj in load_all(path):
+        validate_manifest(obj)
+
+
+def test_rbac_covers_every_child_kind() -> None:
+    from ferry_operator.api import RESOURCES
+
+    rules = next(o for p in MANIFESTS for o in load_all(p) if o["kind"] == "ClusterRole")["rules"]
+    granted = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    for resource in RESOURCES.values():
+        assert {"get", "create", "patch", "delete", "list", "watch"} <= granted[(resource.group, resource.plural)]
+    assert "patch" in granted[("serving.ferry.dev", "inferenceservices/status")]
+    assert "create" in granted[("", "events")]

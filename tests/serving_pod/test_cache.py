@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import urllib.request
 from pathlib import Path
 
@@ -170,3 +169,15 @@ async def test_requested_outputs_are_part_of_the_answer(tmp_path: Path, server_f
     assert sorted(t.name for t in full.outputs) == ["OUTPUT0", "OUTPUT1"]
     stats = engine.registry.get("two").stats
     assert (stats.cache_hit.count, stats.cache_miss.count) == (1, 2)
+
+
+def test_cache_flags() -> None:
+    from serving_pod.cli import build_parser, options_from_args
+
+    args = build_parser().parse_args(["--cache-config", "local,size=4096"])
+    assert options_from_args(args).engine.cache_config == {"local": {"size": "4096"}}
+    legacy = build_parser().parse_args(["--response-cache-byte-size", "100"])
+    assert options_from_args(legacy).engine.cache_config == {"local": {"size": "100"}}
+    for bad in ("redis,host=x", "local", "local,size=big"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--cache-config", bad])

@@ -88,6 +88,20 @@ def test_flags_parse_like_tritonserver():
     assert engine.server_id == "ferry" and engine.autocomplete is False
 
 
+def test_default_instance_kind_flag_and_operator_env(monkeypatch, tmp_path):
+    from serving_pod.repository.prepare import prepare_config
+    from support.server import test_model_config, write_model
+
+    assert options_from_args(build_parser().parse_args([])).engine.default_instance_kind == "KIND_AUTO"
+    monkeypatch.setenv("FERRY_INSTANCE_KIND", "KIND_GPU")  # what the operator sets on GPU pods
+    assert options_from_args(build_parser().parse_args([])).engine.default_instance_kind == "KIND_GPU"
+    model_dir = write_model(tmp_path, "m", test_model_config("m"))
+    config, _, _ = prepare_config("m", model_dir, default_instance_kind="KIND_GPU")
+    assert config.instance_group[0].kind == 1  # KIND_GPU
+    config, _, _ = prepare_config("m", model_dir)
+    assert config.instance_group[0].kind == 2  # KIND_CPU: no GPU visible here
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [

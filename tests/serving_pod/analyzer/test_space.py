@@ -62,6 +62,9 @@ def test_neighbours_change_one_dimension_only() -> None:
     assert [p.instance_count for p in neighbours(s, point, "instance_count")] == [2]
     assert list(neighbours(s, point, "dynamic_batching")) == [ConfigPoint(1, 64, False)]
     assert list(neighbours(s, ConfigPoint(1, 64, False), "max_queue_delay_us")) == []  # no batcher, no delay
+    on = list(neighbours(space(delays_us=(300, 900), preferred=("max",)), ConfigPoint(1, 64, False),
+                         "dynamic_batching"))
+    assert on == [ConfigPoint(1, 64, True, 300, (64,))]  # switched on at the space's first values
 
 
 def test_grid_is_deduplicated() -> None:

@@ -130,3 +130,24 @@ def test_unbind_and_stop_release_the_table_entries() -> None:
         with pytest.raises(ServerError, match="'a'"):
             engine.infer("a", ONE)
     assert set(CALLABLES) == before
+
+
+def test_stream_errors_end_the_stream_with_a_clear_error(engine: Engine) -> None:
+    def fails_midway(requests):
+        yield [{"v": np.array([1], np.int32)} for _ in requests]
+        raise RuntimeError("generation failed")
+
+    def bad_output(requests):
+        yield [{"v": np.array([1.5])} for _ in requests]
+        raise AssertionError("not reached: the only stream already ended")
+
+    decoupled = ModelConfig(batching=False, decoupled=True)
+    spec = ([Tensor("n", np.int32, (1,))], [Tensor("v", np.int32, (1,))])
+    engine.bind("midway", fails_midway, *spec, decoupled)
+    engine.bind("bad_output", bad_output, *spec, decoupled)
+    stream = engine.stream("midway", {"n": np.array([1], np.int32)})
+    assert next(stream)["v"].tolist() == [1]
+    with pytest.raises(InternalError, match="model 'midway': RuntimeError: generation failed"):
+        next(stream)
+    with pytest.raises(InternalError, match="output 'v' has numpy dtype float64, which does not convert to the declared INT32"):
+        list(engine.stream("bad_output", {"n": np.array([1], np.int32)}))

@@ -8,7 +8,6 @@ timeouts, so no assertion depends on how fast this machine is. "Busy" phases use
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -425,7 +424,3 @@ async def test_backend_failure_fails_only_its_requests() -> None:
     assert [r.outputs[0].data[0, 0] for r in (results[0], results[2])] == [1, 2]
     assert stats.failures["BACKEND"] == 1 and stats.success.count == 2
 
-
-def test_no_thread_left_behind() -> None:
-    # the batcher adds no threads of its own: only the pool's per-instance workers exist
-    assert not [t for t in threading.enumerate() if "dynamic" in t.name.lower()]

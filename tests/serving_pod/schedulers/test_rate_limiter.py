@@ -210,3 +210,17 @@ async def test_too_few_explicit_copies_fail_the_load(tmp_path: Path, server_fact
     with pytest.raises(ModelLoadError, match="needs 3 of rate limiter resource 'R' but only 2"):
         await handle.engine.load_model("greedy")
     assert not handle.engine.model_ready("greedy")
+
+
+def test_rate_limit_flags() -> None:
+    from serving_pod.cli import build_parser, options_from_args
+
+    args = build_parser().parse_args(
+        ["--rate-limit", "execution_count", "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R2:2:1"]
+    )
+    engine = options_from_args(args).engine
+    assert (engine.rate_limit, engine.rate_limit_resources) == ("execution_count", ("R1:4", "R2:2:1"))
+    assert options_from_args(build_parser().parse_args([])).engine.rate_limit == "off"
+    for bad in (["--rate-limit", "on"], ["--rate-limit-resource", "R1"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)

@@ -1,0 +1,73 @@
+"""Fixtures of the analyzer suite: ``run_profile`` (in-process ``ferry-analyzer profile``) and ``sweep``,
+one real tiny brute sweep of the ONNX MLP shared by the package's tests (profile, budget, resume, report)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from serving_pod.analyzer.checkpoint import FILENAME
+from serving_pod.analyzer.cli import main
+from serving_pod.analyzer.measure import Measurement
+from support.perf_analyzer import cached_perf_analyzer
+from support.server import DEFAULT_MODELS
+
+#: short windows: the suite must stay fast on a 2-core machine
+WINDOW = ("--measurement-interval-ms", "200", "--stability-percentage", "100", "--max-trials", "3")
+ProfileFn = Callable[..., tuple[int, str]]
+
+
+def profile(root: Path, *extra: str, models: str = "mlp_onnx", checkpoint: Path | None = None,
+            output: Path | None = None) -> tuple[int, str]:
+    """``ferry-analyzer profile`` on the default models with short windows; ``(exit code, stdout)``."""
+    args = ["profile", "--model-repository", str(DEFAULT_MODELS), "--profile-models", models,
+            "--checkpoint-directory", str(checkpoint or root / "ck"),
+            "--output-model-repository", str(output or root / "out"), "--no-progress", *WINDOW, *extra]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(args)
+    return code, out.getvalue()
+
+
+def load_generator_args() -> tuple[str, ...]:
+    """perf_analyzer when it can be installed (the preferred generator), else the built-in one."""
+    located = cached_perf_analyzer()
+    if located.path is None:
+        return ("--load-generator", "builtin")
+    return ("--load-generator", "perf_analyzer", "--perf-analyzer", str(located.path))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    root: Path
+    args: tuple[str, ...]
+    code: int
+    stdout: str
+
+    @property
+    def checkpoint(self) -> dict:
+        return json.loads((self.root / "ck" / FILENAME).read_text())
+
+    def measurements(self, model: str = "mlp_onnx") -> list[Measurement]:
+        return [Measurement.from_dict(m) for m in self.checkpoint["models"][model]["measurements"]]
+
+
+@pytest.fixture
+def run_profile() -> ProfileFn:
+    return profile
+
+
+@pytest.fixture(scope="package")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """2 configurations (the model's own, and dynamic batching off) x concurrency 1 and 4."""
+    root = tmp_path_factory.mktemp("analyzer")
+    args = ("--run-config-search-mode", "brute", "--concurrency", "1,4", "--max-instance-count", "1",
+            "--max-batch-sizes", "64", "--dynamic-batching", "off", *load_generator_args())
+    code, stdout = profile(root, *args)
+    return Sweep(root, args, code, stdout)
