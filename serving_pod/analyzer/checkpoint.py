@@ -85,10 +85,11 @@ class Checkpoint:
     def measurements(self, model: str) -> list[Measurement]:
         return [Measurement.from_dict(item) for item in self.model(model)["measurements"]]
 
-    def find(self, model: str, key: str, concurrency: int) -> Measurement | None:
-        """A successful measurement of this point, if one was taken already."""
+    def find(self, model: str, key: str, concurrency: int, trial: int = 0) -> Measurement | None:
+        """A successful measurement of this point (and verification trial), if one was taken already."""
         for item in self.model(model)["measurements"]:
-            if item["config_key"] == key and item["concurrency"] == concurrency and not item.get("error"):
+            if item["config_key"] == key and item["concurrency"] == concurrency and \
+                    item.get("trial", 0) == trial and not item.get("error"):
                 return Measurement.from_dict(item)
         return None
 
@@ -96,7 +97,8 @@ class Checkpoint:
         """Add (or replace a failed attempt of) this point, then save."""
         items = self.model(measurement.model)["measurements"]
         items[:] = [i for i in items if not (i["config_key"] == measurement.config_key
-                                            and i["concurrency"] == measurement.concurrency)]
+                                            and i["concurrency"] == measurement.concurrency
+                                            and i.get("trial", 0) == measurement.trial)]
         items.append(measurement.as_dict())
         self.save()
 

@@ -41,6 +41,16 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer '{value}'") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferry-analyzer", allow_abbrev=False,
                                      description="Find the model configuration that serves best under your constraints.")
@@ -65,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dynamic-batching", default="on,off", help="'on', 'off' or 'on,off'")
     add("--preferred-batch-sizes", default="none,max", help="choices among none, max, half")
     add("--max-passes", type=_positive_int, default=2, help="quick mode: coordinate descent passes")
+    add("--verify-runs", type=_non_negative_int, default=2,
+        help="repeat the best points and the default's this many times; rank the medians (0: off)")
+    add("--verify-top", type=_positive_int, default=3, help="how many of the best configurations to verify")
     add("--measurement-interval-ms", type=_positive_int, default=600)
     add("--stability-percentage", type=_positive_float, default=50.0)
     add("--max-trials", type=_positive_int, default=6)
@@ -137,7 +150,8 @@ def profile_settings(args: argparse.Namespace):
         objective=Objective(args.objective, tw, lw),
         constraints=Constraints(args.latency_budget_ms, args.min_throughput, args.max_memory_mb),
         window=WindowSettings(args.measurement_interval_ms, args.stability_percentage, args.max_trials, args.protocol),
-        search=SearchSettings(mode=args.run_config_search_mode, max_passes=args.max_passes),
+        search=SearchSettings(mode=args.run_config_search_mode, max_passes=args.max_passes,
+                              verify_top=args.verify_top, verify_runs=args.verify_runs),
         override_output=args.override_output_model_repository, load_generator=args.load_generator,
         perf_analyzer=args.perf_analyzer, server_url=args.server_url, server_grpc_url=args.server_grpc_url,
         launch=launch, progress=not args.no_progress,

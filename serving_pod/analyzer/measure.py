@@ -40,6 +40,8 @@ class Measurement:
     tool: str = ""
     window: str = ""
     error: str = ""
+    #: 0 for the search's measurement, 1.. for verification repeats of the same point
+    trial: int = 0
 
     @property
     def ok(self) -> bool:
@@ -62,12 +64,43 @@ class Measurement:
         return cls(**values)
 
 
-def failed(model: str, config_key: str, concurrency: int, error: str, window: str) -> Measurement:
-    return Measurement(model, config_key, concurrency, math.nan, math.nan, stable=False, window=window, error=error)
+def failed(model: str, config_key: str, concurrency: int, error: str, window: str, trial: int = 0) -> Measurement:
+    return Measurement(model, config_key, concurrency, math.nan, math.nan, stable=False, window=window, error=error,
+                       trial=trial)
+
+
+_FIGURES = ("throughput", "p99_ms", "p50_ms", "p95_ms", "queue_us", "compute_us", "avg_batch", "cpu_percent",
+            "rss_mb", "gpu_mb")
+
+
+def combine(trials: list[Measurement]) -> Measurement:
+    """One point's successful trials as one: the median of each figure (``trial`` = how many were combined).
+
+    Verification repeats the best points; ranking their medians rather than their single best window keeps a
+    lucky window (on a shared machine) from deciding the recommendation.
+    """
+    import statistics
+
+    ok = [m for m in trials if m.ok]
+    if len(ok) <= 1:
+        return ok[0] if ok else trials[0]
+    values: dict[str, Any] = {}
+    for name in _FIGURES:
+        present = [getattr(m, name) for m in ok if getattr(m, name) is not None]
+        values[name] = statistics.median(present) if present else None
+    return dataclasses.replace(ok[0], **values, stable=all(m.stable for m in ok), trial=len(ok))
+
+
+def points(measurements: list[Measurement]) -> list[Measurement]:
+    """Every (configuration, concurrency) once, its trials combined (see :func:`combine`)."""
+    groups: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.config_key, m.concurrency), []).append(m)
+    return [combine(group) for group in groups.values()]
 
 
 def measure(client: ServerClient, pid: int | None, load: LoadGenerator, url: str, model: str, config_key: str,
-            concurrency: int, window: str) -> Measurement:
+            concurrency: int, window: str, trial: int = 0) -> Measurement:
     """Run the load against ``url`` and assemble one :class:`Measurement` (errors are recorded, not raised)."""
     before = StatsSnapshot.from_response(client.statistics(model))
     with ResourceSampler(pid) as sampler:
@@ -85,5 +118,5 @@ def measure(client: ServerClient, pid: int | None, load: LoadGenerator, url: str
         compute_us=server.compute_us if server.requests else None,
         avg_batch=server.avg_batch if server.requests else None,
         cpu_percent=usage.cpu_percent, rss_mb=usage.rss_mb, gpu_mb=usage.gpu_mb,
-        stable=result.stable, tool=result.tool, window=window, error=error,
+        stable=result.stable, tool=result.tool, window=window, error=error, trial=trial,
     )

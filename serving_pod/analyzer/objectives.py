@@ -142,6 +142,17 @@ def config_rank(measurements: Iterable[Measurement], objective: Objective,
     return (0, -min(constraints.excess(m) for m in items))
 
 
+def recommendable(measurements: Iterable[Measurement], objective: Objective,
+                  constraints: Constraints) -> list[Measurement]:
+    """Feasible points, best first, trials combined (``measure.points``); when some feasible points were
+    verified (measured several times), only those — a single lucky window cannot win."""
+    from serving_pod.analyzer.measure import points
+
+    ranked = rank(points(list(measurements)), objective, constraints)
+    verified = [m for m in ranked if m.trial > 1]
+    return verified or ranked
+
+
 def closest(measurements: Iterable[Measurement], constraints: Constraints) -> Measurement | None:
     """The successful measurement that misses the constraints by the least (for "impossible" messages)."""
     items = [m for m in measurements if m.ok]

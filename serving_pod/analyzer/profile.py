@@ -19,8 +19,8 @@ from typing import Any
 from serving_pod.analyzer import loadgen
 from serving_pod.analyzer.checkpoint import Checkpoint
 from serving_pod.analyzer.errors import AnalyzerError, InputError
-from serving_pod.analyzer.measure import Measurement
-from serving_pod.analyzer.objectives import Constraints, Objective, best_of, closest
+from serving_pod.analyzer.measure import Measurement, points
+from serving_pod.analyzer.objectives import Constraints, Objective, closest, recommendable
 from serving_pod.analyzer.progress import Progress
 from serving_pod.analyzer.runner import ModelRunner
 from serving_pod.analyzer.search import Candidate, SearchSettings, search
@@ -117,15 +117,17 @@ def _recommend(settings: ProfileSettings, checkpoint: Checkpoint, runner: ModelR
                model_dir: Path, default_key: str) -> ModelResult:
     objective, constraints = settings.objective, settings.constraints
     measurements = checkpoint.measurements(name)
-    best = best_of(measurements, objective, constraints)
-    default = best_of([m for m in measurements if m.config_key == default_key], objective, constraints)
+    ranked = recommendable(measurements, objective, constraints)
+    best = ranked[0] if ranked else None
+    ranked_default = recommendable([m for m in measurements if m.config_key == default_key], objective, constraints)
+    default = ranked_default[0] if ranked_default else None
     result: dict[str, Any] = {"objective": objective.as_dict(), "constraints": constraints.as_dict(),
                               "default_key": default_key, "recommended": None, "default": None, "gain": None,
                               "closest": None, "output": None}
     output_dir: Path | None = None
     gain: float | None = None
     if best is None:
-        near = closest(measurements, constraints)
+        near = closest(points(measurements), constraints)
         message = f"no configuration of '{name}' meets the constraints ({constraints.describe()})"
         if near is not None:
             message += (f"; the closest was {near.config_key} at concurrency {near.concurrency}: p99 "
@@ -139,13 +141,15 @@ def _recommend(settings: ProfileSettings, checkpoint: Checkpoint, runner: ModelR
         config = config_from_dict(checkpoint.model(name)["configs"][best.config_key]["config"])
         output_dir = write_model(model_dir, settings.output_repository / name, config)
         result["output"] = str(output_dir)
+        runs = f" (median of {best.trial} runs)" if best.trial > 1 else ""
         message = (f"recommended {best.config_key} at concurrency {best.concurrency}: {best.throughput:.1f} infer/s, "
-                   f"p99 {best.p99_ms:.3f} ms")
+                   f"p99 {best.p99_ms:.3f} ms{runs}")
         if default is not None:
             gain = objective.gain(best, default)
             result["default"], result["gain"] = _ref(default), gain
+            runs = f" (median of {default.trial} runs)" if default.trial > 1 else ""
             message += (f"; default config ({default_key}) at concurrency {default.concurrency}: "
-                        f"{default.throughput:.1f} infer/s, p99 {default.p99_ms:.3f} ms; "
+                        f"{default.throughput:.1f} infer/s, p99 {default.p99_ms:.3f} ms{runs}; "
                         f"gain {gain * 100:+.1f}% {objective.gain_meaning}")
         else:
             message += f"; the default config ({default_key}) met the constraints at no concurrency measured"

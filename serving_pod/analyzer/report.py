@@ -3,7 +3,8 @@
 Everything shown is read from the checkpoint: the summary table (recommended vs default configuration and
 the gain, as ``profile`` decided them), and per model the throughput-vs-p99 curves of every configuration,
 the queue/compute breakdown and the memory-vs-latency plot of the best configurations, and their table.
-Numeric summary cells carry ``class="num"``. Neighbours: ``svg`` (charts), ``checkpoint`` (data).
+Numeric summary cells carry ``class="num"``. A point measured several times (verification) is shown as the
+median of its runs (``measure.combine``), the figure ``profile`` ranked; the CSV lists every run. Neighbours: ``svg`` (charts), ``checkpoint`` (data).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from serving_pod.analyzer import svg
 from serving_pod.analyzer.checkpoint import Checkpoint
 from serving_pod.analyzer.errors import InputError
-from serving_pod.analyzer.measure import Measurement
+from serving_pod.analyzer.measure import Measurement, points
 from serving_pod.analyzer.objectives import Constraints, Objective, best_of, config_rank
 
 _CSS = """body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:12px 0}
@@ -29,6 +30,8 @@ tr.rec td{background:#e8f5e9}tr.def td{background:#fff8e1}.bad{color:#b71c1c}pre
 
 @dataclass(frozen=True)
 class ModelView:
+    """One model's checkpoint entry; ``measurements`` has one entry per point, verification trials combined."""
+
     name: str
     measurements: list[Measurement]
     configs: dict[str, Any]
@@ -69,7 +72,7 @@ def load_views(checkpoint: Checkpoint) -> list[ModelView]:
                                      "throughput_weight": result["objective"]["throughput_weight"],
                                      "latency_weight": result["objective"]["latency_weight"]})
             constraints = Constraints(**result["constraints"])
-        views.append(ModelView(name, checkpoint.measurements(name), entry.get("configs", {}), result,
+        views.append(ModelView(name, points(checkpoint.measurements(name)), entry.get("configs", {}), result,
                                entry.get("default_key", ""), objective, constraints))
     return views
 
@@ -117,12 +120,13 @@ def _model_section(view: ModelView, top: int) -> str:
     series = []
     for key in dict.fromkeys([k for k, _ in ranked]):
         curve = [m for m in sorted(view.measurements, key=lambda m: m.concurrency) if m.config_key == key and m.ok]
-        points = tuple((m.p99_ms, m.throughput, f"{key} c={m.concurrency}: {m.throughput:.1f} infer/s, "
-                        f"p99 {m.p99_ms:.3f} ms") for m in curve)
+        marks = tuple((m.p99_ms, m.throughput, f"{key} c={m.concurrency}: {m.throughput:.1f} infer/s, "
+                       f"p99 {m.p99_ms:.3f} ms" + (f" (median of {m.trial} runs)" if m.trial > 1 else ""))
+                      for m in curve)
         emphasis = key in (best_ref.get("config_key"), view.default_key)
         name = key + (" (recommended)" if key == best_ref.get("config_key") else "") + \
             (" (default)" if key == view.default_key else "")
-        series.append(svg.Series(name if key in colors else "other configurations", points,
+        series.append(svg.Series(name if key in colors else "other configurations", marks,
                                  colors.get(key, "#c8c8c8"), emphasis=emphasis,
                                  labels=tuple(f"c={m.concurrency}" for m in curve)))
     charts = [svg.scatter(series, title="Throughput vs p99 latency", x_label="p99 latency (ms)",
@@ -157,14 +161,15 @@ def _model_section(view: ModelView, top: int) -> str:
 
 
 def _config_table(view: ModelView, bests: list[tuple[str, Measurement]], rec_key: str | None) -> str:
-    head = ("#", "Configuration", "Concurrency", "Throughput (infer/s)", "p50 (ms)", "p95 (ms)", "p99 (ms)",
+    head = ("#", "Configuration", "Concurrency", "Runs", "Throughput (infer/s)", "p50 (ms)", "p95 (ms)", "p99 (ms)",
             "Queue (µs)", "Compute (µs)", "Avg batch", "CPU (%)", "RSS (MiB)", "Meets constraints")
     rows = [f'<table class="configs"><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>']
     for i, (key, m) in enumerate(bests, 1):
         cls = "rec" if key == rec_key else "def" if key == view.default_key else ""
         broken = view.constraints.violations(m)
         rows.append(f'<tr class="{cls}"><td class="num">{i}</td><td><code>{escape(key)}</code></td>'
-                    f'<td class="num">{m.concurrency}</td>{_num(m.throughput, 1)}{_num(m.p50_ms, 3)}'
+                    f'<td class="num">{m.concurrency}</td><td class="num">{max(m.trial, 1)}</td>'
+                    f"{_num(m.throughput, 1)}{_num(m.p50_ms, 3)}"
                     f"{_num(m.p95_ms, 3)}{_num(m.p99_ms, 3)}{_num(m.queue_us, 1)}{_num(m.compute_us, 1)}"
                     f"{_num(m.avg_batch, 2)}{_num(m.cpu_percent, 0)}{_num(m.rss_mb, 1)}"
                     f"<td>{'yes' if not broken else escape('; '.join(broken))}</td></tr>")

@@ -70,22 +70,23 @@ class ModelRunner:
         self.loaded_key = candidate.key
         return ""
 
-    def measure(self, candidate: Candidate, concurrency: int) -> Measurement:
-        known = self.checkpoint.find(self.model, candidate.key, concurrency)
+    def measure(self, candidate: Candidate, concurrency: int, trial: int = 0) -> Measurement:
+        label = f"{self.model} {candidate.key} c={concurrency}" + (f" verify#{trial}" if trial else "")
+        known = self.checkpoint.find(self.model, candidate.key, concurrency, trial)
         if known is not None:
             self.reused += 1
-            self.progress.update(f"{self.model} {candidate.key} c={concurrency} (from checkpoint)")
+            self.progress.update(f"{label} (from checkpoint)")
             return known
         error = self.ensure_loaded(candidate)
         if error:
-            return failed(self.model, candidate.key, concurrency, error, self.window)
+            return failed(self.model, candidate.key, concurrency, error, self.window, trial)
         result = measure(self.session.client(), self.session.pid, self.load, self.session.url(self.load.window.protocol),
-                         self.model, candidate.key, concurrency, self.window)
+                         self.model, candidate.key, concurrency, self.window, trial)
         self.checkpoint.record(result)
         self.measured += 1
         figures = (f"{result.throughput:.0f}/s p99={result.p99_ms:.2f}ms" if result.ok
                    else f"failed: {result.error[:80]}")
-        self.progress.update(f"{self.model} {candidate.key} c={concurrency} {figures}")
+        self.progress.update(f"{label} {figures}")
         return result
 
     def restore(self) -> None:

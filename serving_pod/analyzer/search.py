@@ -7,6 +7,9 @@ searched by doubling up the ladder until throughput saturates (< ``saturation`` 
 is crossed, then bisected between the last level inside the budget and the first outside it. The
 latency objective stops at the lowest level that meets the throughput floor.
 brute — every configuration of the grid at every concurrency level.
+verify — then, in both modes, the best point of the ``verify_top`` best configurations and the default's
+best point are measured ``verify_runs`` more times, round-robin; ``profile`` ranks the medians
+(``measure.combine``), so one lucky window on a busy machine cannot pick the winner.
 Both only talk to a :class:`Runner`, which loads configurations and measures (or finds the checkpoint's
 figures), so resuming replays the same decisions without measuring again.
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from serving_pod.analyzer.measure import Measurement
-from serving_pod.analyzer.objectives import Constraints, Objective, config_rank
+from serving_pod.analyzer.objectives import Constraints, Objective, best_of, config_rank
 from serving_pod.analyzer.space import DIMENSIONS, ConfigPoint, SearchSpace, neighbours
 
 MODES = ("quick", "brute")
@@ -34,7 +37,7 @@ class Candidate:
 
 
 class Runner(Protocol):
-    def measure(self, candidate: Candidate, concurrency: int) -> Measurement: ...
+    def measure(self, candidate: Candidate, concurrency: int, trial: int = 0) -> Measurement: ...
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class SearchSettings:
     max_passes: int = 2
     saturation: float = 0.05
     bisect_steps: int = 2
+    verify_top: int = 3
+    verify_runs: int = 2
 
 
 def concurrency_sweep(runner: Runner, candidate: Candidate, levels: Sequence[int], objective: Objective,
@@ -94,8 +99,10 @@ def search(runner: Runner, space: SearchSpace, default: Candidate, objective: Ob
     """Every configuration measured, by key (the default's first)."""
     levels = space.concurrencies
     measured: dict[str, list[Measurement]] = {}
+    candidates: dict[str, Candidate] = {}
 
     def evaluate(candidate: Candidate) -> tuple[int, float]:
+        candidates.setdefault(candidate.key, candidate)
         if candidate.key not in measured:
             measured[candidate.key] = concurrency_sweep(runner, candidate, levels, objective, constraints, settings)
         return config_rank(measured[candidate.key], objective, constraints)
@@ -104,6 +111,7 @@ def search(runner: Runner, space: SearchSpace, default: Candidate, objective: Ob
     if settings.mode == "brute":
         for point in space.grid():
             evaluate(Candidate(point.key, point))  # the default's own point, when exact, is cached already
+        verify(runner, candidates, measured, default.key, objective, constraints, settings)
         return measured
     current, current_rank = default.point, default_rank
     for _ in range(settings.max_passes):
@@ -118,4 +126,22 @@ def search(runner: Runner, space: SearchSpace, default: Candidate, objective: Ob
                 current, current_rank, moved = best, best_rank, True
         if not moved:
             break
+    verify(runner, candidates, measured, default.key, objective, constraints, settings)
     return measured
+
+
+def verify(runner: Runner, candidates: dict[str, Candidate], measured: dict[str, list[Measurement]],
+           default_key: str, objective: Objective, constraints: Constraints,
+           settings: SearchSettings) -> list[Measurement]:
+    """Repeat the best points (and the default's best) ``verify_runs`` times, round-robin."""
+    bests = [b for ms in measured.values() if (b := best_of(ms, objective, constraints)) is not None]
+    bests.sort(key=lambda m: (-objective.score(m), m.config_key))
+    chosen = bests[: settings.verify_top]
+    default_best = best_of(measured.get(default_key, []), objective, constraints)
+    if default_best is not None and default_best not in chosen:
+        chosen.append(default_best)
+    repeats = []
+    for trial in range(1, settings.verify_runs + 1):
+        for m in chosen:
+            repeats.append(runner.measure(candidates[m.config_key], m.concurrency, trial))
+    return repeats

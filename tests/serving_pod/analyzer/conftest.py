@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,15 @@ class Sweep:
     def measurements(self, model: str = "mlp_onnx") -> list[Measurement]:
         return [Measurement.from_dict(m) for m in self.checkpoint["models"][model]["measurements"]]
 
+    def medians(self, model: str = "mlp_onnx") -> dict[tuple[str, int], tuple[float, float, int]]:
+        """(config, concurrency) -> (median throughput, median p99, runs), computed here independently."""
+        runs: dict[tuple[str, int], list[Measurement]] = {}
+        for m in self.measurements(model):
+            if m.ok:
+                runs.setdefault((m.config_key, m.concurrency), []).append(m)
+        return {point: (statistics.median(m.throughput for m in ms), statistics.median(m.p99_ms for m in ms), len(ms))
+                for point, ms in runs.items()}
+
 
 @pytest.fixture
 def run_profile() -> ProfileFn:
@@ -65,9 +75,11 @@ def run_profile() -> ProfileFn:
 
 @pytest.fixture(scope="package")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
-    """2 configurations (the model's own, and dynamic batching off) x concurrency 1 and 4."""
+    """2 configurations (the model's own, and dynamic batching off) x concurrency 1 and 4, then the best point
+    and the default's best measured once more (verification)."""
     root = tmp_path_factory.mktemp("analyzer")
     args = ("--run-config-search-mode", "brute", "--concurrency", "1,4", "--max-instance-count", "1",
-            "--max-batch-sizes", "64", "--dynamic-batching", "off", *load_generator_args())
+            "--max-batch-sizes", "64", "--dynamic-batching", "off", "--verify-runs", "1", "--verify-top", "1",
+            *load_generator_args())
     code, stdout = profile(root, *args)
     return Sweep(root, args, code, stdout)

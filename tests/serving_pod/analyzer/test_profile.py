@@ -25,15 +25,19 @@ def test_tiny_sweep_recommends_and_writes_the_config(sweep) -> None:
     result = sweep.checkpoint["models"]["mlp_onnx"]["result"]
     assert result["default_key"] == "i1-b64-db200"  # the model's own config.pbtxt
     measurements = sweep.measurements()
-    assert {(m.config_key, m.concurrency) for m in measurements} == {
+    assert {(m.config_key, m.concurrency) for m in measurements if m.trial == 0} == {
         ("i1-b64-db200", 1), ("i1-b64-db200", 4), ("i1-b64-nodb", 1), ("i1-b64-nodb", 4)}
+    verified = {(m.config_key, m.concurrency) for m in measurements if m.trial == 1}
+    assert 1 <= len(verified) <= 2 and any(key == "i1-b64-db200" for key, _ in verified)  # default included
     for m in measurements:
         assert m.ok, m.error
         assert m.throughput > 0 and m.p99_ms > 0
         assert m.compute_us and m.compute_us > 0 and m.queue_us is not None  # statistics extension deltas
         assert m.rss_mb and m.rss_mb > 20 and m.cpu_percent is not None  # psutil on the server pid
-    best = max(measurements, key=lambda m: m.throughput)
-    assert result["recommended"] == {"config_key": best.config_key, "concurrency": best.concurrency}
+    medians = sweep.medians()
+    key, concurrency = max(verified, key=lambda point: medians[point][0])  # best median throughput wins
+    assert result["recommended"] == {"config_key": key, "concurrency": concurrency}
+    best = next(m for m in measurements if (m.config_key, m.concurrency) == (key, concurrency))
     written = read_base_config(sweep.root / "out" / "mlp_onnx", "mlp_onnx")
     expected = ConfigPoint.from_dict(sweep.checkpoint["models"]["mlp_onnx"]["configs"][best.config_key]["point"])
     assert point_of(written) == expected
@@ -47,18 +51,18 @@ async def test_written_model_loads_in_ferry(sweep, server_factory) -> None:
 
 
 def test_latency_budget_is_respected(sweep, tmp_path: Path, run_profile) -> None:
-    measurements = sweep.measurements()
-    unconstrained = max(measurements, key=lambda m: m.throughput)
-    budget = math.ceil(min(m.p99_ms for m in measurements) * 1000) / 1000  # only the lowest-latency point fits
+    medians = sweep.medians()
+    unconstrained = sweep.checkpoint["models"]["mlp_onnx"]["result"]["recommended"]
+    budget = math.ceil(min(p99 for _, p99, _ in medians.values()) * 1000) / 1000  # only the lowest-latency point fits
     shutil.copytree(sweep.root / "ck", tmp_path / "ck")
-    code, stdout = run_profile(tmp_path, *sweep.args, "--latency-budget-ms", f"{budget:.3f}")
+    code, stdout = run_profile(tmp_path, *sweep.args, "--latency-budget-ms", f"{budget:.3f}", "--verify-runs", "0")
     assert code == 0, stdout
-    assert "0 measurement(s) taken, 4 reused from the checkpoint" in stdout
+    assert "0 measurement(s) taken" in stdout  # re-ranked from the checkpoint, no server needed
     ref = json.loads((tmp_path / "ck" / FILENAME).read_text())["models"]["mlp_onnx"]["result"]["recommended"]
-    chosen = next(m for m in measurements if (m.config_key, m.concurrency) == (ref["config_key"], ref["concurrency"]))
-    assert chosen.p99_ms <= budget
-    if unconstrained.p99_ms > budget:
-        assert chosen != unconstrained
+    chosen = (ref["config_key"], ref["concurrency"])
+    assert medians[chosen][1] <= budget
+    if medians[(unconstrained["config_key"], unconstrained["concurrency"])][1] > budget:
+        assert ref != unconstrained
 
 
 def test_impossible_budget_says_so(sweep, tmp_path: Path, run_profile, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,16 +84,19 @@ def test_interrupted_sweep_resumes(sweep, tmp_path: Path, run_profile) -> None:
     path.write_text(json.dumps(data))
     code, stdout = run_profile(tmp_path, *sweep.args)
     assert code == 0, stdout
-    assert "1 measurement(s) taken, 3 reused from the checkpoint" in stdout
+    total = len(sweep.measurements())
+    assert f"1 measurement(s) taken, {total - 1} reused from the checkpoint" in stdout
     again = json.loads(path.read_text())["models"]["mlp_onnx"]["measurements"]
-    assert len(again) == 4
-    assert (again[-1]["config_key"], again[-1]["concurrency"]) == (dropped["config_key"], dropped["concurrency"])
+    assert len(again) == total
+    assert [again[-1][k] for k in ("config_key", "concurrency", "trial")] == \
+        [dropped[k] for k in ("config_key", "concurrency", "trial")]
 
 
 def test_quick_sweep_of_a_python_model_with_the_builtin_generator(tmp_path: Path, run_profile) -> None:
     code, stdout = run_profile(tmp_path, "--run-config-search-mode", "quick", "--concurrency", "1..2",
                            "--max-instance-count", "2", "--max-batch-sizes", "64", "--delays-us", "100",
-                           "--preferred-batch-sizes", "none", "--load-generator", "builtin", models="double_py")
+                           "--preferred-batch-sizes", "none", "--load-generator", "builtin", "--verify-runs", "0",
+                           models="double_py")
     assert code == 0, stdout
     data = json.loads((tmp_path / "ck" / FILENAME).read_text())
     assert data["settings"]["load_generator"] == "builtin"

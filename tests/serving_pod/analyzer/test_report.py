@@ -24,7 +24,8 @@ from serving_pod.analyzer.cli import main
 from serving_pod.analyzer.measure import Measurement, failed
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
-TIP = re.compile(r"^(?P<key>\S+) c=(?P<c>\d+): (?P<t>[0-9.]+) infer/s, p99 (?P<p>[0-9.]+) ms$")
+TIP = re.compile(r"^(?P<key>\S+) c=(?P<c>\d+): (?P<t>[0-9.]+) infer/s, p99 (?P<p>[0-9.]+) ms"
+                 r"( \(median of (?P<n>\d+) runs\))?$")
 
 
 class Page(HTMLParser):
@@ -81,8 +82,7 @@ def close(printed: str, value: float, digits: int) -> bool:
 def test_report_of_a_real_sweep(sweep, tmp_path: Path) -> None:
     assert sweep.code == 0, sweep.stdout
     html, csv_path = render(sweep.root / "ck", tmp_path)
-    measurements = [m for m in sweep.measurements() if m.ok]
-    by_point = {(m.config_key, m.concurrency): m for m in measurements}
+    medians = sweep.medians()  # (config, concurrency) -> (throughput, p99, runs)
 
     page = Page()
     page.feed(html)
@@ -91,33 +91,35 @@ def test_report_of_a_real_sweep(sweep, tmp_path: Path) -> None:
     charts = svgs(html)
     assert len(charts) == 3  # throughput vs p99, latency breakdown, memory vs latency
     points = charts[0].findall(f".//{SVG_NS}circle[@class='pt']")
-    assert len(points) == len(measurements)
+    assert len(points) == len(medians)
     for circle in points:
         tip = TIP.match(circle.find(f"{SVG_NS}title").text)
-        m = by_point[(tip["key"], int(tip["c"]))]
-        assert close(tip["t"], m.throughput, 1) and close(tip["p"], m.p99_ms, 3)
+        throughput, p99, runs = medians[(tip["key"], int(tip["c"]))]
+        assert close(tip["t"], throughput, 1) and close(tip["p"], p99, 3)
+        assert int(tip["n"] or 1) == runs
     bars = charts[1].findall(f".//{SVG_NS}rect[@class='bar']")
-    assert len(bars) == 2 * len({m.config_key for m in measurements})  # queue + compute per configuration
+    assert len(bars) == 2 * len({key for key, _ in medians})  # queue + compute per configuration
 
     result = sweep.checkpoint["models"]["mlp_onnx"]["result"]
-    best = by_point[(result["recommended"]["config_key"], result["recommended"]["concurrency"])]
-    default = by_point[(result["default"]["config_key"], result["default"]["concurrency"])]
+    best, default = result["recommended"], result["default"]
+    best_t, best_p, _ = medians[(best["config_key"], best["concurrency"])]
+    default_t, default_p, _ = medians[(default["config_key"], default["concurrency"])]
     (row,) = page.rows[1:]
     texts = [text for text, _ in row]
-    assert texts[0] == "mlp_onnx" and texts[2] == best.config_key and texts[6] == default.config_key
+    assert texts[0] == "mlp_onnx" and texts[2] == best["config_key"] and texts[6] == default["config_key"]
     numbers = [text for text, cls in row if cls == "num"]
-    expected = [(best.concurrency, 0), (best.throughput, 1), (best.p99_ms, 3),
-                (default.concurrency, 0), (default.throughput, 1), (default.p99_ms, 3),
-                ((best.throughput / default.throughput - 1) * 100, 1)]
+    expected = [(best["concurrency"], 0), (best_t, 1), (best_p, 3), (default["concurrency"], 0), (default_t, 1),
+                (default_p, 3), ((best_t / default_t - 1) * 100, 1)]
     assert len(numbers) == len(expected)
     for printed, (value, digits) in zip(numbers, expected):
         assert close(printed, value, digits), (printed, value)
     assert close(numbers[-1], result["gain"] * 100, 1)
 
     rows = list(csv.DictReader(csv_path.open()))
-    assert len(rows) == len(sweep.measurements())
+    runs = {(m.config_key, m.concurrency, m.trial): m for m in sweep.measurements()}
+    assert len(rows) == len(runs)  # every run, verification trials included
     for item in rows:
-        m = by_point[(item["config_key"], int(item["concurrency"]))]
+        m = runs[(item["config_key"], int(item["concurrency"]), int(item["trial"]))]
         assert float(item["throughput"]) == m.throughput and float(item["p99_ms"]) == m.p99_ms
 
 
