@@ -15,17 +15,9 @@ from importlib import resources
 from pathlib import Path
 
 from serving_pod import cli_extensions
+from serving_pod.cli_extensions import parse_bool as _bool
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "on", "yes"):
-        return True
-    if lowered in ("false", "0", "off", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true or false)")
 
 
 def _port(value: str) -> int:

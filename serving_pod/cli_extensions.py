@@ -20,7 +20,8 @@ from serving_pod.security import parse_restrictions
 from serving_pod.trace import parse_trace_config
 
 
-def _bool(value: str) -> bool:
+def parse_bool(value: str) -> bool:
+    """tritonserver's boolean flag values (true/false, 1/0, on/off, yes/no)."""
     lowered = value.strip().lower()
     if lowered in ("true", "1", "on", "yes"):
         return True
@@ -44,7 +45,7 @@ def _positive(kind: type):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--allow-client-shm", type=_bool, default=False,
+    add("--allow-client-shm", type=parse_bool, default=False,
         help="allow clients to register system/CUDA shared memory regions (default false)")
     add("--http-restricted-api", action="append", default=[],
         help="<group>[,<group>...]:<header>=<value>: require that header on those HTTP APIs")
@@ -58,15 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--trace-count", type=int, default=None)
     add("--trace-log-frequency", type=int, default=None)
     add("--log-file", default="", help="write the log to this file (read-only through the logging API)")
-    add("--grpc-use-ssl", type=_bool, default=False)
-    add("--grpc-use-ssl-mutual", type=_bool, default=False)
+    add("--grpc-use-ssl", type=parse_bool, default=False)
+    add("--grpc-use-ssl-mutual", type=parse_bool, default=False)
     add("--grpc-server-cert", default="")
     add("--grpc-server-key", default="")
     add("--grpc-root-cert", default="")
     add("--http-ssl-cert", default="", help="serve HTTPS with this certificate (PEM)")
     add("--http-ssl-key", default="", help="private key of --http-ssl-cert (PEM)")
     add("--http-ssl-ca", default="", help="CA certificates that client certificates must chain to")
-    add("--http-ssl-mutual", type=_bool, default=False, help="require a client certificate")
+    add("--http-ssl-mutual", type=parse_bool, default=False, help="require a client certificate")
     add("--http-max-header-size", type=_positive(int), default=64 * 1024,
         help="bytes of request line + headers one HTTP request may send")
     add("--http-read-timeout-secs", type=_positive(float), default=60.0,

@@ -39,6 +39,7 @@ class ModelView:
     default_key: str
     objective: Objective
     constraints: Constraints
+    runs: list[Measurement]  # every measurement as taken (the CSV export)
 
     def find(self, ref: dict[str, Any] | None) -> Measurement | None:
         if not ref:
@@ -72,8 +73,9 @@ def load_views(checkpoint: Checkpoint) -> list[ModelView]:
                                      "throughput_weight": result["objective"]["throughput_weight"],
                                      "latency_weight": result["objective"]["latency_weight"]})
             constraints = Constraints(**result["constraints"])
-        views.append(ModelView(name, points(checkpoint.measurements(name)), entry.get("configs", {}), result,
-                               entry.get("default_key", ""), objective, constraints))
+        runs = checkpoint.measurements(name)
+        views.append(ModelView(name, points(runs), entry.get("configs", {}), result, entry.get("default_key", ""),
+                               objective, constraints, runs))
     return views
 
 
@@ -192,7 +194,7 @@ def write_csv(path: Path, views: list[ModelView]) -> None:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for view in views:
-            for m in view.measurements:
+            for m in view.runs:
                 writer.writerow({**m.as_dict(), "meets_constraints": not view.constraints.violations(m)})
 
 

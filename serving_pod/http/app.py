@@ -13,20 +13,17 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import InvalidArgumentError, ServerError, http_status
+from serving_pod.core.errors import InvalidArgumentError, ServerError
 from serving_pod.http.codec import decode_infer_request, encode_infer_response
+from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
 from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
-
-
-def error_body(error: ServerError) -> tuple[int, bytes]:
-    return http_status(error), orjson.dumps({"error": error.message})
 
 
 class InferEndpoint:
@@ -54,7 +51,7 @@ class InferEndpoint:
                 try:
                     header_length = int(value)
                 except ValueError:
-                    await _send(send, *error_body(InvalidArgumentError(
+                    await send_response(send, *error_body(InvalidArgumentError(
                         "Inference-Header-Content-Length must be an integer")), [])
                     return
             elif key == b"content-encoding":
@@ -67,14 +64,14 @@ class InferEndpoint:
         try:
             if content_length > limit:
                 raise size_error(content_length, limit)
-            body = await _read_body(receive, limit)
+            body = await read_body(receive, limit)
             if encoding:
                 body = decode_body(body, encoding, limit)
             request = decode_infer_request(body, header_length, model, version)
             response = await self.engine.infer(request)
             payload, json_length = encode_infer_response(response, request)
         except ServerError as error:
-            await _send(send, *error_body(error), [])
+            await send_response(send, *error_body(error), [])
             return
         headers: list[tuple[bytes, bytes]] = []
         if json_length is not None:
@@ -86,65 +83,7 @@ class InferEndpoint:
         if chosen:
             payload = encode_body(payload, chosen)
             headers.append((b"content-encoding", chosen.encode()))
-        await _send(send, 200, payload, headers, content_type)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _read_body(receive: Callable, limit: int) -> bytes:
-    """The whole request body, refusing anything beyond ``limit`` bytes as it arrives."""
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise size_error(len(body), limit)
-        return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body", False):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidArgumentError("client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise size_error(size, limit)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def _send(
-    send: Callable,
-    status: int,
-    body: bytes,
-    headers: list[tuple[bytes, bytes]],
-    content_type: bytes = b"application/json",
-) -> None:
-    headers = headers + [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgumentError("request body must be a JSON object")
-    return data
+        await send_response(send, 200, payload, headers, content_type)
 
 
 def create_app(
@@ -171,21 +110,21 @@ def create_app(
 
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return _json(engine.server_metadata())
+        return json_response(engine.server_metadata())
 
     @app.get("/v2/models/stats")
     async def all_stats() -> Response:
-        return _json({"model_stats": engine.statistics()})
+        return json_response({"model_stats": engine.statistics()})
 
     @app.get("/v2/models/{model}/stats")
     @app.get("/v2/models/{model}/versions/{version}/stats")
     async def stats(model: str, version: str = "") -> Response:
-        return _json({"model_stats": engine.statistics(model, version)})
+        return json_response({"model_stats": engine.statistics(model, version)})
 
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
     async def model_metadata(model: str, version: str = "") -> Response:
-        return _json(engine.model_metadata(model, version))
+        return json_response(engine.model_metadata(model, version))
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
@@ -195,23 +134,23 @@ def create_app(
     @app.get("/v2/models/{model}/config")
     @app.get("/v2/models/{model}/versions/{version}/config")
     async def model_config(model: str, version: str = "") -> Response:
-        return _json(engine.model_config_dict(model, version))
+        return json_response(engine.model_config_dict(model, version))
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
-        body = await _json_body(request)
-        return _json(engine.repository_index(bool(body.get("ready", False))))
+        body = await json_body(request)
+        return json_response(engine.repository_index(bool(body.get("ready", False))))
 
     @app.post("/v2/repository/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
-        params = (await _json_body(request)).get("parameters") or {}
+        params = (await json_body(request)).get("parameters") or {}
         config, files = decode_load_parameters(params)
         await engine.load_model(model, config, files)
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
-        params = (await _json_body(request)).get("parameters") or {}
+        params = (await json_body(request)).get("parameters") or {}
         await engine.unload_model(model, bool(params.get("unload_dependents", False)))
         return Response(status_code=200)
 

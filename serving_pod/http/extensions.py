@@ -11,30 +11,13 @@ import base64
 import binascii
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.http.responses import json_body, json_response
 from serving_pod.shm import CUDA, SYSTEM
-
-
-def _json(data: Any) -> Response:
-    return Response(orjson.dumps(data), status_code=200, media_type="application/json")
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgumentError("request body must be a JSON object")
-    return data
 
 
 def _uint(body: dict[str, Any], key: str, *, required: bool, what: str) -> int:
@@ -55,12 +38,12 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/v2/systemsharedmemory/status")
     @app.get("/v2/systemsharedmemory/region/{region}/status")
     async def system_status(region: str = "") -> Response:
-        return _json(shm.status(SYSTEM, region))
+        return json_response(shm.status(SYSTEM, region))
 
     @app.post("/v2/systemsharedmemory/region/{region}/register")
     async def system_register(region: str, request: Request) -> Response:
         shm.require_allowed()
-        body = await _body(request)
+        body = await json_body(request)
         key = body.get("key")
         if key is None:
             raise InvalidArgumentError("Shared memory register request has no 'key' field")
@@ -80,12 +63,12 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/v2/cudasharedmemory/status")
     @app.get("/v2/cudasharedmemory/region/{region}/status")
     async def cuda_status(region: str = "") -> Response:
-        return _json(shm.status(CUDA, region))
+        return json_response(shm.status(CUDA, region))
 
     @app.post("/v2/cudasharedmemory/region/{region}/register")
     async def cuda_register(region: str, request: Request) -> Response:
         shm.require_allowed()
-        body = await _body(request)
+        body = await json_body(request)
         handle = body.get("raw_handle")
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
             raise InvalidArgumentError("CUDA shared memory register request has no 'raw_handle' {'b64': ...} field")
@@ -107,17 +90,17 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/v2/trace/setting")
     @app.get("/v2/models/{model}/trace/setting")
     async def trace_get(model: str = "") -> Response:
-        return _json(engine.trace_settings(model))
+        return json_response(engine.trace_settings(model))
 
     @app.post("/v2/trace/setting")
     @app.post("/v2/models/{model}/trace/setting")
     async def trace_post(request: Request, model: str = "") -> Response:
-        return _json(engine.trace_settings(model, await _body(request)))
+        return json_response(engine.trace_settings(model, await json_body(request)))
 
     @app.get("/v2/logging")
     async def logging_get() -> Response:
-        return _json(engine.log_settings_update())
+        return json_response(engine.log_settings_update())
 
     @app.post("/v2/logging")
     async def logging_post(request: Request) -> Response:
-        return _json(engine.log_settings_update(await _body(request)))
+        return json_response(engine.log_settings_update(await json_body(request)))

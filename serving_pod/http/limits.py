@@ -133,16 +133,16 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         from serving_pod.core.errors import ServerError
-        from serving_pod.http.app import _read_body, _send, error_body
+        from serving_pod.http.responses import error_body, read_body, send_response
         from serving_pod.http.compression import size_error
 
         try:
             for key, value in scope["headers"]:
                 if key == b"content-length" and value.isdigit() and int(value) > self.limit:
                     raise size_error(int(value), self.limit)
-            body = await _read_body(receive, self.limit)
+            body = await read_body(receive, self.limit)
         except ServerError as error:
-            await _send(send, *error_body(error), [])
+            await send_response(send, *error_body(error), [])
             return
         replayed = False
 

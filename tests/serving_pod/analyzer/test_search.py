@@ -27,12 +27,12 @@ class Landscape:
             capacity *= 2.0 + p.max_queue_delay_us / 1000
         return capacity * (1.0 if p.max_batch_size >= 32 else 0.5)
 
-    def measure(self, candidate: Candidate, concurrency: int) -> Measurement:
-        self.calls.append((candidate.key, concurrency))
+    def measure(self, candidate: Candidate, concurrency: int, trial: int = 0) -> Measurement:
+        self.calls.append((candidate.key, concurrency, trial))
         capacity = self.capacity(candidate.point)
         throughput = capacity * concurrency / (concurrency + 1)
         p99 = concurrency / throughput * 1000 * 1.5
-        return Measurement("m", candidate.key, concurrency, throughput, p99)
+        return Measurement("m", candidate.key, concurrency, throughput, p99, trial=trial)
 
 
 SPACE = SearchSpace(instance_counts=(1, 2, 3), max_batch_sizes=(8, 64), dynamic_batching=(True, False),
@@ -51,6 +51,9 @@ def test_quick_finds_the_brute_optimum_with_fewer_measurements() -> None:
     assert best_quick.config_key == best_brute.config_key == "i2-b64-db1000"
     assert len(quick.calls) < len(brute.calls) * 0.7
     assert len(set(quick.calls)) == len(quick.calls)  # nothing measured twice
+    verified = [(key, c) for key, c, trial in quick.calls if trial]
+    assert len(verified) == 2 * 4  # 2 runs of the 3 best points and the default's best
+    assert ("i2-b64-db1000", best_quick.concurrency) in verified and any(k == "default" for k, _ in verified)
 
 
 def test_ladder_stops_when_throughput_saturates() -> None:
