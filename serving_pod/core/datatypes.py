@@ -85,6 +85,17 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return count
 
 
+def check_element_count(name: str, shape: tuple[int, ...], got: int) -> int:
+    """The element count of ``shape``; InvalidArgumentError when ``got`` elements were sent instead."""
+    count = element_count(shape)
+    if got != count:
+        raise InvalidArgumentError(
+            f"unexpected number of elements for input '{name}': shape {list(shape)} needs {count}, "
+            f"got {got}"
+        )
+    return count
+
+
 def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
     """Length-prefixed BYTES elements -> 1-D object array of ``bytes``.
 

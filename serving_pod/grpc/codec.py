@@ -105,12 +105,7 @@ def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
             f"input '{item.name}': datatype {datatype} cannot be sent as typed contents; use raw_input_contents"
         )
     values = getattr(item.contents, field)
-    count = datatypes.element_count(shape)
-    if len(values) != count:
-        raise InvalidArgumentError(
-            f"unexpected number of elements for input '{item.name}': shape {list(shape)} needs "
-            f"{count}, got {len(values)}"
-        )
+    count = datatypes.check_element_count(item.name, shape, len(values))
     if datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)

@@ -121,15 +121,10 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
 
 
 def _json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
-    count = datatypes.element_count(shape)
     if not isinstance(values, list):
         values = [values]
     flat = values if not values or not isinstance(values[0], list) else _flatten(values)
-    if len(flat) != count:
-        raise InvalidArgumentError(
-            f"unexpected number of elements for input '{name}': shape {list(shape)} needs {count}, "
-            f"got {len(flat)}"
-        )
+    count = datatypes.check_element_count(name, shape, len(flat))
     if datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         for index, value in enumerate(flat):
