@@ -52,8 +52,9 @@ def _non_negative_int(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ferry-analyzer", allow_abbrev=False,
-                                     description="Find the model configuration that serves best under your constraints.")
+    parser = argparse.ArgumentParser(
+        prog="ferry-analyzer", allow_abbrev=False,
+        description="Find the model configuration that serves best under your constraints.")
     commands = parser.add_subparsers(dest="command", metavar="{profile,report}")
     p = commands.add_parser("profile", allow_abbrev=False, help="sweep configurations and recommend one per model")
     add = p.add_argument

@@ -150,7 +150,8 @@ class PerfAnalyzerLoad:
             csv_path = Path(tmp) / "point.csv"
             argv = [str(self.located.path), *perf_args(model, url, concurrency, self.window, str(csv_path))]
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget_s, env=dict(self.located.env))
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget_s,
+                                      env=dict(self.located.env))
             except subprocess.TimeoutExpired:
                 return LoadResult.failed(self.name, f"perf_analyzer timed out after {budget_s:.0f} s")
             except OSError as exc:

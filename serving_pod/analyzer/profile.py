@@ -2,9 +2,9 @@
 
 Inputs are checked before anything starts (unknown model, unreadable config, output repository
 collisions). One server serves the whole sweep; for each model the search (``search``) runs through a
-``runner.ModelRunner`` (which starts the server on its first measurement); afterwards every measurement of the model in the checkpoint is ranked
-(``objectives``), the winner's ``config.pbtxt`` is written into a copy of the model in the output
-repository, and the outcome (recommended point, default point, gain, or why nothing qualifies) is stored
+``runner.ModelRunner`` (which starts the server on its first measurement); afterwards every measurement
+of the model in the checkpoint is ranked (``objectives``, verified points first), the winner's
+``config.pbtxt`` is written into a copy of the model in the output repository, and the outcome (recommended point, default point, gain, or why nothing qualifies) is stored
 in the checkpoint for the report.
 """
 

@@ -4,7 +4,8 @@ Everything shown is read from the checkpoint: the summary table (recommended vs 
 the gain, as ``profile`` decided them), and per model the throughput-vs-p99 curves of every configuration,
 the queue/compute breakdown and the memory-vs-latency plot of the best configurations, and their table.
 Numeric summary cells carry ``class="num"``. A point measured several times (verification) is shown as the
-median of its runs (``measure.combine``), the figure ``profile`` ranked; the CSV lists every run. Neighbours: ``svg`` (charts), ``checkpoint`` (data).
+median of its runs (``measure.combine``), the figure ``profile`` ranked; the CSV lists every run.
+Neighbours: ``svg`` (charts), ``checkpoint`` (data).
 """
 
 from __future__ import annotations

@@ -80,8 +80,9 @@ class ModelRunner:
         error = self.ensure_loaded(candidate)
         if error:
             return failed(self.model, candidate.key, concurrency, error, self.window, trial)
-        result = measure(self.session.client(), self.session.pid, self.load, self.session.url(self.load.window.protocol),
-                         self.model, candidate.key, concurrency, self.window, trial)
+        url = self.session.url(self.load.window.protocol)
+        result = measure(self.session.client(), self.session.pid, self.load, url, self.model, candidate.key,
+                         concurrency, self.window, trial)
         self.checkpoint.record(result)
         self.measured += 1
         figures = (f"{result.throughput:.0f}/s p99={result.p99_ms:.2f}ms" if result.ok

@@ -43,7 +43,8 @@ def test_latency_budget_is_never_violated() -> None:
 
 def test_memory_and_throughput_floor() -> None:
     constraints = Constraints(max_memory_mb=200, min_throughput=120)
-    assert [x.config_key + str(x.concurrency) for x in rank(MEASUREMENTS, Objective("latency"), constraints)] == ["a8", "b8"]
+    ranked = rank(MEASUREMENTS, Objective("latency"), constraints)
+    assert [x.config_key + str(x.concurrency) for x in ranked] == ["a8", "b8"]
     assert Constraints(max_memory_mb=200).violations(m("x", 1, 1, 1, rss=None))  # unknown memory cannot qualify
 
 
