@@ -168,6 +168,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
     )
     return ServerOptions(
         engine=engine,
+        gc_freeze=True,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
@@ -214,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
     from serving_pod.server import FerryServer
-
     async def serve() -> int:
         server = FerryServer(options)
         server.install_signal_handlers()

@@ -33,6 +33,8 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     grpc_address: str = "0.0.0.0"
     metrics_address: str = "0.0.0.0"
+    #: freeze start-up objects out of the garbage collector (the CLI sets it; in-process embedders may not want it)
+    gc_freeze: bool = False
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002

@@ -207,7 +207,7 @@ class CallableInstance:
         else:  # only reachable for a function that hid being async from is_async_callable
             raise InternalError(
                 f"model '{self.model}': the bound function returned a coroutine while running on the "
-                "server's event loop; declare it 'async def' or set parameter execution_mode to 'thread'"
+                "server's event loop; declare it 'async def' or set parameter ferry_execution_mode to 'thread'"
             )
         if self._loop is None:
             self._loop = asyncio.new_event_loop()

@@ -341,7 +341,7 @@ class Engine:
         if self.loop_thread == threading.get_ident():
             raise InternalError(
                 "a blocking BLS call was made on the server's event loop thread; set the model's "
-                "parameter execution_mode to 'thread'"
+                "parameter ferry_execution_mode to 'thread'"
             )
 
     # --- statistics --------------------------------------------------------------------------
@@ -389,8 +389,18 @@ class Engine:
             discard_override(self._override_dirs.pop(name))
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload ``name``; with ``unload_dependents`` an ensemble's composing models go too (Triton's extension)."""
         self._check_explicit("unload")
+        composing: list[str] = []
+        entry = self.registry.entries.get(name)
+        if unload_dependents and entry is not None and entry.ready:
+            config = entry.ready[0].config
+            composing = [step.model_name for step in config.ensemble_scheduling.step]
         await self.registry.unload(name)
+        for step_model in dict.fromkeys(composing):
+            step_entry = self.registry.entries.get(step_model)
+            if step_entry is not None and step_entry.ready:
+                await self.unload_model(step_model, unload_dependents=True)
 
     def _model_dir(self, model: Any) -> Any:
         """The directory a loaded model came from (for its label files)."""

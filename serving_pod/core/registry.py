@@ -334,7 +334,7 @@ class ModelRegistry:
         pool = None
         if pools is not None:
             instances, names = pools
-            mode = config.parameters["execution_mode"].string_value if "execution_mode" in config.parameters else "auto"
+            mode = config.parameters["ferry_execution_mode"].string_value if "ferry_execution_mode" in config.parameters else "auto"
             pool = InstancePool(instances, names, stats, model.batch_size_of, execution_mode=mode or "auto")
         model.pool = pool
         model.scheduler = create_scheduler(model, pool, engine=self.engine)

@@ -35,11 +35,11 @@ def validate_config(config: mc.ModelConfig) -> None:
             seen.add(tensor.name)
     _validate_batching(config)
     _validate_instance_groups(config)
-    if "execution_mode" in config.parameters:
-        mode = config.parameters["execution_mode"].string_value
+    if "ferry_execution_mode" in config.parameters:
+        mode = config.parameters["ferry_execution_mode"].string_value
         if mode not in ("auto", "thread", "inline"):
             raise ModelLoadError(
-                f"model '{name}': parameter execution_mode must be auto, thread or inline, got '{mode}'"
+                f"model '{name}': parameter ferry_execution_mode must be auto, thread or inline, got '{mode}'"
             )
 
 

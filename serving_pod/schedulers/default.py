@@ -40,11 +40,19 @@ class DefaultScheduler:
                     index = await self.pool.acquire()
                 finally:
                     self._pending -= 1
-            # shielded: a caller that goes away must not free the instance while it still executes,
-            # and the execution is still charged to the statistics
-            execution = asyncio.ensure_future(self.pool.execute(index, [request]))
-            execution.add_done_callback(lambda _: self.pool.release(index))
-            (result,) = await asyncio.shield(execution)
+            if self.pool.runs_inline(index):
+                # completes without suspending: nothing can cancel it half-way, and the instance is
+                # free again before any other request runs
+                try:
+                    (result,) = await self.pool.execute(index, [request])
+                finally:
+                    self.pool.release(index)
+            else:
+                # shielded: a caller that goes away must not free the instance while it still executes,
+                # and the execution is still charged to the statistics
+                execution = asyncio.ensure_future(self.pool.execute(index, [request]))
+                execution.add_done_callback(lambda _: self.pool.release(index))
+                (result,) = await asyncio.shield(execution)
         finally:
             self._inflight -= 1
             if not self._inflight:

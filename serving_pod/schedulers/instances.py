@@ -5,7 +5,7 @@ list of requests on it, ``release`` it. The pool measures the three compute stag
 names them (input: hand-over to the instance; infer: the backend's execute; output: hand-back to the
 event loop) and charges the model's statistics for the execution and for each request in it.
 
-Execution modes (model config parameter ``execution_mode``: ``auto`` (default), ``thread``, ``inline``):
+Execution modes (model config parameter ``ferry_execution_mode``: ``auto`` (default), ``thread``, ``inline``):
 a thread hop costs far more than a small model's whole execution (~150-250 us here against tens of
 microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (it never blocks on the
 engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
@@ -102,6 +102,7 @@ class InstancePool:
             for instance in instances
         ]
         self._idle: asyncio.Queue[int] = asyncio.Queue()
+        self._waiting = 0
         for index in range(len(instances)):
             self._idle.put_nowait(index)
 
@@ -112,13 +113,22 @@ class InstancePool:
         return self._idle.qsize()
 
     async def acquire(self) -> int:
-        """Index of an idle instance, waiting for one if all are busy."""
+        """Index of an idle instance, waiting (first come, first served) if all are busy."""
+        if not self._waiting:
+            try:
+                return self._idle.get_nowait()
+            except asyncio.QueueEmpty:
+                pass
+        self._waiting += 1
         try:
-            return self._idle.get_nowait()
-        except asyncio.QueueEmpty:
             return await self._idle.get()
+        finally:
+            self._waiting -= 1
 
     def try_acquire(self) -> int | None:
+        """An idle instance now, or None; never one that a waiting caller is about to take (fairness)."""
+        if self._waiting:
+            return None
         try:
             return self._idle.get_nowait()
         except asyncio.QueueEmpty:
@@ -126,6 +136,10 @@ class InstancePool:
 
     def release(self, index: int) -> None:
         self._idle.put_nowait(index)
+
+    def runs_inline(self, index: int) -> bool:
+        """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
+        return self._modes[index].inline
 
     async def execute(self, index: int, requests: list[InferRequest]) -> list[Result]:
         """Run ``requests`` on instance ``index``; returns one result per request, never raises."""

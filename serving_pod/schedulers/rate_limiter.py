@@ -139,6 +139,7 @@ class RateLimitedPool:
         self._listeners: list[Callable[[], None]] = []
         # what schedulers use besides acquisition goes straight to the real pool
         self.execute = inner.execute
+        self.runs_inline = inner.runs_inline
         self.stats = inner.stats
         self.instances = inner.instances
         self.names = inner.names

@@ -21,7 +21,7 @@ def _config(name: str, count: int, delay_ms: int, mode: str = "auto") -> str:
         extra=f"""
 instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay_ms}" }} }}
-parameters {{ key: "execution_mode" value {{ string_value: "{mode}" }} }}
+parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}
 """,
     )
 
@@ -99,7 +99,7 @@ def test_invalid_execution_mode_fails_the_load(threaded_server, tmp_path):
     server = threaded_server([tmp_path])
     index = {row["name"]: row for row in server.client("http").get_model_repository_index()}
     assert index["m"]["state"] == "UNAVAILABLE"
-    assert "execution_mode must be auto, thread or inline, got 'sometimes'" in index["m"]["reason"]
+    assert "ferry_execution_mode must be auto, thread or inline, got 'sometimes'" in index["m"]["reason"]
 
 
 def test_grpc_health_follows_readiness(threaded_server, tmp_path):

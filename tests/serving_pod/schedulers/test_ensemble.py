@@ -247,3 +247,16 @@ def test_step_failure_fails_the_request_with_the_step_error(server) -> None:
         client.load_model("add_sub")
     assert client.infer("pipeline", tensors).as_numpy("PRODUCT") is not None
     client.close()
+
+
+def test_unload_dependents_unloads_the_composing_models(server) -> None:
+    client = server.client("http")
+    client.load_model("fan_out")
+    assert client.is_model_ready("slow_left") and client.is_model_ready("slow_right")
+    client.unload_model("fan_out", unload_dependents=True)
+    assert not client.is_model_ready("fan_out")
+    assert not client.is_model_ready("slow_left") and not client.is_model_ready("slow_right")
+    client.load_model("fan_out")  # and they come back with it
+    assert client.is_model_ready("slow_left")
+    client.unload_model("fan_out")  # without the flag the composing models stay
+    assert client.is_model_ready("slow_left") and not client.is_model_ready("fan_out")
