@@ -209,6 +209,16 @@ class DynamicScheduler:
         if self.preserve_ordering:
             slot = [entries, None]
             self._completions.append(slot)
+        # A fast instance runs right here (no task, no loop turn): ``_schedule``'s loop then goes on with the
+        # next batch. Only on a plain pool: a rate limiter's release may call back into the scheduler.
+        execute_inline = getattr(self.pool, "execute_inline", None)
+        if execute_inline is not None and self.pool.runs_inline(index):
+            try:
+                results = execute_inline(index, [entry.request for entry in entries])
+            finally:
+                self.pool.release(index)
+            self._complete(entries, results, slot)
+            return
         assert self._loop is not None
         # held here until it ends (the loop keeps only weak references); no done-callback turn
         self._tasks.add(self._loop.create_task(self._execute(index, entries, slot)))
@@ -223,6 +233,10 @@ class DynamicScheduler:
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         if self.queue.size:
             self._schedule()
+        self._complete(entries, results, slot)
+
+    def _complete(self, entries: list[Entry], results: list, slot: list | None) -> None:
+        """Hand results to their callers (in arrival order with ``preserve_ordering``)."""
         if slot is None:
             self._deliver(entries, results)
             return

@@ -143,19 +143,24 @@ class InstancePool:
 
     async def execute(self, index: int, requests: list[InferRequest]) -> list[Result]:
         """Run ``requests`` on instance ``index``; returns one result per request, never raises."""
-        dispatch_ns = time.monotonic_ns()
         mode = self._modes[index]
         if mode.inline:
-            results, start_ns, end_ns = _run(self.instances[index], requests)
-            mode.after_inline(end_ns - start_ns)
-        else:
-            loop = asyncio.get_running_loop()
-            results, start_ns, end_ns = await loop.run_in_executor(
-                self._executors[index], _run, self.instances[index], requests
-            )
-            mode.after_thread(end_ns - start_ns)
-        done_ns = time.monotonic_ns()
-        self.charge(requests, results, dispatch_ns, start_ns, end_ns, done_ns)
+            return self.execute_inline(index, requests)
+        dispatch_ns = time.monotonic_ns()
+        loop = asyncio.get_running_loop()
+        results, start_ns, end_ns = await loop.run_in_executor(
+            self._executors[index], _run, self.instances[index], requests
+        )
+        mode.after_thread(end_ns - start_ns)
+        self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
+        return results
+
+    def execute_inline(self, index: int, requests: list[InferRequest]) -> list[Result]:
+        """``execute`` on the calling (event loop) thread, for an instance where ``runs_inline`` holds."""
+        dispatch_ns = time.monotonic_ns()
+        results, start_ns, end_ns = _run(self.instances[index], requests)
+        self._modes[index].after_inline(end_ns - start_ns)
+        self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
         return results
 
     def charge(
