@@ -49,6 +49,9 @@ def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
         access_log=False,
         timeout_keep_alive=75,
         timeout_graceful_shutdown=5,
+        # per-request costs nobody here needs: X-Forwarded-* rewriting and a "server" header
+        proxy_headers=False,
+        server_header=False,
     )
     server = uvicorn.Server(config)
     # we own SIGTERM/SIGINT (drain first, then close): uvicorn must not capture them
