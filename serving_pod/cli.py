@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from serving_pod import cli_extensions
-from serving_pod.cli_extensions import parse_bool as _bool
+from serving_pod.cli_extensions import number, parse_bool as _bool
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
 
@@ -28,19 +28,6 @@ def _port(value: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
     return port
-
-
-def _non_negative(kind: type):
-    def parse(value: str):
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value '{value}'") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError(f"value must be >= 0, got {value}")
-        return number
-
-    return parse
 
 
 def _backend_config(value: str) -> tuple[str, str, str]:
@@ -92,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="model repository path or URI (repeatable); default: the embedded example repository")
     add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     add("--load-model", action="append", default=[], help="model to load at start in explicit mode ('*' = all)")
-    add("--repository-poll-secs", type=_non_negative(float), default=15.0)
+    add("--repository-poll-secs", type=number(float), default=15.0)
     add("--strict-readiness", type=_bool, default=True)
-    add("--exit-timeout-secs", type=_non_negative(float), default=30.0)
+    add("--exit-timeout-secs", type=number(float), default=30.0)
     add("--exit-on-error", type=_bool, default=True,
         help="exit when a model fails to load at start (as tritonserver)")
     add("--id", default="triton", help="server identifier reported in server metadata")
@@ -109,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-port", type=_port, default=8000)
     add("--grpc-port", type=_port, default=8001)
     add("--metrics-port", type=_port, default=8002)
-    add("--http-max-input-size", type=_non_negative(int), default=DEFAULT_MAX_INPUT_SIZE)
+    add("--http-max-input-size", type=number(int), default=DEFAULT_MAX_INPUT_SIZE)
     add("--disable-auto-complete-config", action="store_true")
     add("--strict-model-config", type=_bool, default=None,
         help="deprecated tritonserver flag: true is --disable-auto-complete-config")
@@ -120,12 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
              "FERRY_INSTANCE_KIND=KIND_GPU on GPU pods)")
     add("--cache-config", action="append", default=[], type=_cache_config,
         help="response cache: local,size=<bytes> (models opt in with response_cache { enable: true })")
-    add("--response-cache-byte-size", type=_non_negative(int), default=None,
+    add("--response-cache-byte-size", type=number(int), default=None,
         help="deprecated tritonserver flag: same as --cache-config local,size=<bytes>")
     add("--rate-limit", choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], type=_rate_limit_resource,
         help="<name>:<count>[:<device>] copies of a rate limiter resource (repeatable)")
-    add("--log-verbose", type=_non_negative(int), default=0)
+    add("--log-verbose", type=number(int), default=0)
     add("--log-info", type=_bool, default=True)
     add("--log-warning", type=_bool, default=True)
     add("--log-error", type=_bool, default=True)

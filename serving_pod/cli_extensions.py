@@ -30,17 +30,24 @@ def parse_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true or false)")
 
 
-def _positive(kind: type):
+def number(kind: type, *, minimum: float = 0, strict: bool = False):
+    """An argparse type: ``kind`` (int or float) at least ``minimum`` (above it when ``strict``)."""
+    relation = ">" if strict else ">="
+
     def parse(value: str):
         try:
-            number = kind(value)
+            parsed = kind(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid value '{value}'") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"value must be > 0, got {value}")
-        return number
+        if parsed < minimum or (strict and parsed == minimum):
+            raise argparse.ArgumentTypeError(f"value must be {relation} {minimum}, got {value}")
+        return parsed
 
     return parse
+
+
+def _positive(kind: type):
+    return number(kind, strict=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
