@@ -8,18 +8,16 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from support.s3 import moto_endpoint
+
 from serving_pod.repository.cloud import CloudRoot
 from support.server import test_model_config
 
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[str]:
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"{host}:{port}"
-    server.stop()
+    with moto_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from support.s3 import moto_endpoint
+
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"{host}:{port}"
-    server.stop()
+    with moto_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture()
