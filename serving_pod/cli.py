@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grpc-port", type=_port, default=8001)
     add("--metrics-port", type=_port, default=8002)
     add("--http-max-input-size", type=number(int), default=DEFAULT_MAX_INPUT_SIZE)
+    add("--http-workers", type=number(int, minimum=1), default=1,
+        help="HTTP protocol processes sharing this server's engine (1 = this process only)")
     add("--disable-auto-complete-config", action="store_true")
     add("--strict-model-config", type=_bool, default=None,
         help="deprecated tritonserver flag: true is --disable-auto-complete-config")
@@ -168,6 +170,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
+        http_workers=args.http_workers,
         log_verbose=args.log_verbose,
         log_format=args.log_format,
         log_info=args.log_info,

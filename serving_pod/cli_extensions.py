@@ -135,6 +135,8 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
     except Exception as exc:  # ServerError from the shared trace-setting validation
         parser.error(f"invalid trace setting: {exc}")
     http_tls, grpc_tls = _tls(parser, args)
+    if http_tls is not None and getattr(args, "http_workers", 1) > 1:
+        parser.error("--http-workers > 1 cannot be combined with HTTP TLS (workers serve plain HTTP)")
     engine = {"allow_client_shm": args.allow_client_shm, "trace": trace}
     server = {
         "log_file": args.log_file,

@@ -39,6 +39,8 @@ class ServerOptions:
     grpc_port: int = 8001
     metrics_port: int = 8002
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    #: HTTP protocol processes in all (1 = this process only); see ``serving_pod.http.workers``
+    http_workers: int = 1
     log_verbose: int = 0
     log_format: str = "default"
     log_info: bool = True

@@ -128,6 +128,8 @@ class FerryServer:
         self._http: uvicorn.Server | None = None
         self._metrics: uvicorn.Server | None = None
         self._grpc: Any = None
+        self._bridge: Any = None
+        self._workers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
 
@@ -142,6 +144,15 @@ class FerryServer:
             )
             self._http = _uvicorn(app, **http_transport(options))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
+            if options.http_workers > 1:
+                # extra protocol processes accept on the same socket and forward to this app and engine
+                from serving_pod.http import workers
+
+                self._bridge = workers.Bridge(app)
+                await self._bridge.start()
+                self._workers = workers.spawn_workers(
+                    options.http_workers - 1, sock, self._bridge.path, options.http_max_input_size
+                )
         if options.allow_grpc:
             from serving_pod.grpc.service import create_server
 
@@ -194,6 +205,13 @@ class FerryServer:
         for server in (self._http, self._metrics):
             if server is not None:
                 server.should_exit = True
+        if self._workers:
+            from serving_pod.http import workers
+
+            await asyncio.to_thread(workers.stop_workers, self._workers)
+            self._workers = []
+        if self._bridge is not None:
+            await self._bridge.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stopped.set()

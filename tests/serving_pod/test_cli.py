@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from serving_pod.cli import build_parser, default_repository, options_from_args
+from support.server import free_ports, wait_ready
 
 SLOW_MODEL = '''
 import time
@@ -44,18 +44,6 @@ max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
 '''
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = [s.getsockname()[1] for s in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -120,26 +108,12 @@ def test_bad_flags_exit_2_with_a_clear_error(argv, fragment):
     assert fragment in result.stderr
 
 
-def _wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited early ({process.returncode}): {process.stderr.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server did not become ready")
-
-
 def test_sigterm_drains_in_flight_requests_and_finalizes(tmp_path):
     model_dir = tmp_path / "slow"
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(SLOW_CONFIG)
     (model_dir / "1" / "model.py").write_text(SLOW_MODEL)
-    http, grpc_port, metrics = _free_ports(3)
+    http, grpc_port, metrics = free_ports(3)
     process = subprocess.Popen(
         [sys.executable, "-m", "serving_pod", f"--model-repository={tmp_path}", f"--http-port={http}",
          f"--grpc-port={grpc_port}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
@@ -147,7 +121,7 @@ def test_sigterm_drains_in_flight_requests_and_finalizes(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        _wait_ready(http, process)
+        wait_ready(http, process)
         result: dict = {}
 
         def slow_request() -> None:
@@ -177,7 +151,7 @@ def test_sigterm_drains_in_flight_requests_and_finalizes(tmp_path):
 
 def test_default_repository_serves_out_of_the_box():
     """README command 1: ``ferry-server`` with no repository serves the embedded default models."""
-    http, grpc_port, metrics = _free_ports(3)
+    http, grpc_port, metrics = free_ports(3)
     process = subprocess.Popen(
         [sys.executable, "-m", "serving_pod", f"--http-port={http}", f"--grpc-port={grpc_port}",
          f"--metrics-port={metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
@@ -185,7 +159,7 @@ def test_default_repository_serves_out_of_the_box():
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
     )
     try:
-        _wait_ready(http, process)
+        wait_ready(http, process)
         index = httpx.post(f"http://127.0.0.1:{http}/v2/repository/index", json={}, timeout=5).json()
         names = {row["name"] for row in index if row.get("state") == "READY"}
         expected = {p.name for p in Path(default_repository()).iterdir() if p.is_dir()}

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import httpx
 
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import ServerOptions
@@ -170,3 +175,31 @@ class ServerThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` currently free TCP ports on 127.0.0.1 (for servers started as subprocesses)."""
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = [s.getsockname()[1] for s in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Poll ``/v2/health/ready`` until 200; fail with the server's stderr if it exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited early ({process.returncode}): {process.stderr.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("server did not become ready")
