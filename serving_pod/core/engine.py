@@ -427,7 +427,7 @@ class Engine:
     def _check_explicit(self, verb: str) -> None:
         if self.options.model_control_mode != "explicit":
             raise UnavailableError(
-                f"explicit model load / unload is not allowed if polling is enabled"
+                "explicit model load / unload is not allowed if polling is enabled"
                 if self.options.model_control_mode == "poll"
                 else f"explicit model {verb} is not allowed when --model-control-mode=none"
             )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from serving_pod.cache import with_response_cache
-from serving_pod.core.errors import ModelLoadError
 from serving_pod.schedulers.base import Scheduler
 from serving_pod.schedulers.default import DefaultScheduler
 from serving_pod.schedulers.dynamic import DynamicScheduler

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -26,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.server import free_ports, stop_process
+
 from . import adapter_rules
 
 DATA = Path(__file__).parent / "data" / "slow_models"
@@ -33,12 +33,6 @@ MODEL = "slow_identity"
 NAMESPACE, POD = "ferry-test", "ferry-server-0"
 HPA_TARGET_US = 50  # Triton's chart: AverageValue 50 µs of queue per request
 CLIENTS, LOAD_SECONDS = 8, 6.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes:
@@ -73,9 +67,10 @@ def ferry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     except ImportError as exc:
         pytest.fail(f"serving_pod.cli (ferry-server) is not importable: {exc}")
     log = tmp_path_factory.mktemp("ferry") / "server.log"
-    server = Server(http=_free_port(), metrics=_free_port())
+    http_port, metrics_port, grpc_port = free_ports(3)
+    server = Server(http=http_port, metrics=metrics_port)
     args = [sys.executable, "-c", "import sys; from serving_pod.cli import main; sys.exit(main())",
-            f"--model-repository={DATA}", f"--http-port={server.http}", f"--grpc-port={_free_port()}",
+            f"--model-repository={DATA}", f"--http-port={server.http}", f"--grpc-port={grpc_port}",
             f"--metrics-port={server.metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
             "--metrics-address=127.0.0.1"]
     with log.open("wb") as out:
@@ -88,12 +83,7 @@ def ferry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             raise AssertionError(f"{exc}\n--- server log ---\n{log.read_text()[-4000:]}") from None
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @dataclass(frozen=True)
@@ -127,7 +117,7 @@ def prometheus(ferry_server: Server, tmp_path_factory: pytest.TempPathFactory) -
         }],
     }
     (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    port = _free_port()
+    (port,) = free_ports(1)
     args = [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
     with (workdir / "prometheus.log").open("wb") as out:
@@ -137,12 +127,7 @@ def prometheus(ferry_server: Server, tmp_path_factory: pytest.TempPathFactory) -
         _wait_until(lambda: _get(f"{prom.url}/-/ready"), "prometheus ready", 30, proc)
         yield prom
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _load(http_port: int, stop_at: float) -> int:

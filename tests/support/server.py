@@ -203,3 +203,13 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> N
             pass
         time.sleep(0.1)
     raise AssertionError("server did not become ready")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate a subprocess started by a test, killing it if it does not exit within ``timeout``."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
