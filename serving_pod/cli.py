@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-max-input-size", type=number(int), default=DEFAULT_MAX_INPUT_SIZE)
     add("--http-workers", type=number(int, minimum=1), default=1,
         help="HTTP protocol processes sharing this server's engine (1 = this process only)")
+    add("--grpc-server", choices=["native", "grpcio"], default="native",
+        help="gRPC front end: native (HTTP/2 on the event loop, the fast path) or grpcio (grpc.aio)")
     add("--disable-auto-complete-config", action="store_true")
     add("--strict-model-config", type=_bool, default=None,
         help="deprecated tritonserver flag: true is --disable-auto-complete-config")
@@ -171,6 +173,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
         http_workers=args.http_workers,
+        grpc_server=args.grpc_server,
         log_verbose=args.log_verbose,
         log_format=args.log_format,
         log_info=args.log_info,

@@ -41,6 +41,8 @@ class ServerOptions:
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     #: HTTP protocol processes in all (1 = this process only); see ``serving_pod.http.workers``
     http_workers: int = 1
+    #: gRPC front end: "native" (``serving_pod.grpc.native``) or "grpcio" (grpc.aio)
+    grpc_server: str = "native"
     log_verbose: int = 0
     log_format: str = "default"
     log_info: bool = True

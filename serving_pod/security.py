@@ -132,6 +132,18 @@ def grpc_group(method: str) -> str | None:
     return None
 
 
+def grpc_denied(restrictions: dict[str, Restriction], method: str, metadata: Any) -> str | None:
+    """Why a call of ``method`` with ``metadata`` is refused, or None when it may go on."""
+    group = grpc_group(method)
+    restriction = restrictions.get(group) if group else None
+    if restriction is None:
+        return None
+    for key, value in metadata or ():
+        if key == restriction.header and value == restriction.value:
+            return None
+    return f"This protocol is restricted, expecting header '{restriction.header}'"
+
+
 class RestrictedGrpc(grpc.aio.ServerInterceptor):
     """Server interceptor refusing restricted-group RPCs without the group's metadata header."""
 
@@ -139,15 +151,11 @@ class RestrictedGrpc(grpc.aio.ServerInterceptor):
         self.restrictions = restrictions
 
     async def intercept_service(self, continuation: Callable, details: Any) -> Any:
-        group = grpc_group(details.method)
-        restriction = self.restrictions.get(group) if group else None
         handler = await continuation(details)
-        if restriction is None or handler is None:
+        denied = grpc_denied(self.restrictions, details.method, details.invocation_metadata)
+        if denied is None or handler is None:
             return handler
-        for key, value in details.invocation_metadata or ():
-            if key == restriction.header and value == restriction.value:
-                return handler
-        return _denied(handler, f"This protocol is restricted, expecting header '{restriction.header}'")
+        return _denied(handler, denied)
 
 
 def _denied(handler: Any, message: str) -> Any:

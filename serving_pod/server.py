@@ -153,7 +153,20 @@ class FerryServer:
                 self._workers = workers.spawn_workers(
                     options.http_workers - 1, sock, self._bridge.path, options.http_max_input_size
                 )
-        if options.allow_grpc:
+        if options.allow_grpc and options.grpc_server == "native":
+            from serving_pod.grpc.native import server_ssl_context
+            from serving_pod.grpc.service import create_native_server
+
+            tls = options.grpc_tls
+            self._grpc = create_native_server(
+                self.engine,
+                restrictions=options.grpc_restrictions,
+                max_message_size=options.grpc_max_message_size,
+                max_metadata_size=options.grpc_max_metadata_size,
+                ssl_context=None if tls is None else server_ssl_context(tls.cert, tls.key, tls.ca, tls.mutual),
+            )
+            self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port)
+        elif options.allow_grpc:
             from serving_pod.grpc.service import create_server
 
             self._grpc = create_server(

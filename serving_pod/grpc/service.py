@@ -196,6 +196,32 @@ class HealthService(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
 
+def create_native_server(
+    engine: Engine,
+    *,
+    restrictions: dict | None = None,
+    max_message_size: int = INT32_MAX,
+    max_metadata_size: int = 64 * 1024,
+    ssl_context: Any = None,
+) -> Any:
+    """The same services on the native front end (``serving_pod.grpc.native``); ``start(host, port)`` binds."""
+    from serving_pod.grpc.native import NativeGrpcServer
+
+    denied = None
+    if restrictions:
+        from serving_pod.security import grpc_denied
+
+        def denied(path: bytes, metadata: Any) -> str | None:
+            return grpc_denied(restrictions, path.decode("latin-1"), metadata)
+
+    services = [
+        (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(engine)),
+        (health_pb2.DESCRIPTOR.services_by_name["Health"], HealthService(engine)),
+    ]
+    return NativeGrpcServer(services, denied=denied, max_message_size=max_message_size,
+                            max_metadata_size=max_metadata_size, ssl_context=ssl_context)
+
+
 def create_server(
     engine: Engine,
     extra_services: list[Any] | None = None,

@@ -1,0 +1,497 @@
+"""Server-side HTTP/2 (RFC 9113) for the native gRPC front end: framing, flow control, HPACK.
+
+Only what a gRPC server needs: no server push, no priorities, no h2c upgrade. Header blocks are decoded
+with ``hpack`` (connection-wide dynamic table); the server's own header blocks use literals without
+indexing, which are stateless, so the few blocks gRPC sends are built once and reused.
+``serving_pod.grpc.native`` puts gRPC on top through the ``StreamHandler`` callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import Protocol
+
+import hpack
+
+log = logging.getLogger("ferry.grpc.h2")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+FLAG_END_STREAM = 0x1
+FLAG_ACK = 0x1
+FLAG_END_HEADERS = 0x4
+FLAG_PADDED = 0x8
+FLAG_PRIORITY = 0x20
+
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_ENABLE_PUSH = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_FRAME_SIZE = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
+
+DEFAULT_WINDOW = 65535
+DEFAULT_MAX_FRAME = 16384
+MAX_WINDOW = 2**31 - 1
+#: what this server grants: receive windows are replenished once half is consumed
+RECEIVE_WINDOW = 8 * 1024 * 1024
+MAX_RECEIVE_FRAME = 1024 * 1024
+
+_HEADER = struct.Struct(">BHBBI")
+_U32 = struct.Struct(">I")
+_SETTING = struct.Struct(">HI")
+
+
+class ConnectionError_(Exception):
+    """A connection-level protocol error: GOAWAY with ``code`` and close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    size = len(payload)
+    return _HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def _encode_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = bytearray([first | limit])
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """HPACK block of literals without indexing (new names, no Huffman): the same bytes in any state."""
+    out = bytearray()
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(0x88)  # static table entry 8
+            continue
+        out.append(0x00)  # literal header field without indexing, new name
+        out += _encode_int(len(name), 7)
+        out += name
+        out += _encode_int(len(value), 7)
+        out += value
+    return bytes(out)
+
+
+class StreamHandler(Protocol):
+    """What the connection reports to the layer above (one object per connection)."""
+
+    def stream_started(self, stream: "Stream", headers: list[tuple[bytes, bytes]], end_stream: bool) -> None: ...
+
+    def stream_data(self, stream: "Stream", data: bytes, end_stream: bool) -> None: ...
+
+    def stream_reset(self, stream: "Stream") -> None: ...
+
+    def connection_closed(self) -> None: ...
+
+
+class Stream:
+    """One HTTP/2 stream: its send window and what the layer above keeps on it (``call``)."""
+
+    __slots__ = ("id", "send_window", "recv_unacked", "remote_closed", "local_closed", "call", "_window_waiter")
+
+    def __init__(self, stream_id: int, send_window: int) -> None:
+        self.id = stream_id
+        self.send_window = send_window
+        self.recv_unacked = 0
+        self.remote_closed = False
+        self.local_closed = False
+        self.call: object = None
+        self._window_waiter: asyncio.Future | None = None
+
+
+class H2Connection(asyncio.Protocol):
+    """One client connection: parses frames, keeps stream state and flow control, writes frames."""
+
+    def __init__(self, handler_factory, *, max_header_list_size: int, max_concurrent_streams: int = 0) -> None:
+        self._handler_factory = handler_factory
+        self.handler: StreamHandler | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.streams: dict[int, Stream] = {}
+        self._buffer = bytearray()
+        self._preface_seen = False
+        self._decoder = hpack.Decoder()
+        self._decoder.max_header_list_size = max_header_list_size
+        self._max_header_list_size = max_header_list_size
+        self._max_concurrent = max_concurrent_streams
+        self._last_stream = 0
+        self._headers_in_progress: tuple[int, int, bytearray] | None = None  # stream id, flags, block
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.conn_send_window = DEFAULT_WINDOW
+        self._conn_recv_unacked = 0
+        self._conn_waiters: list[asyncio.Future] = []
+        self._paused = False
+        self._drain_waiter: asyncio.Future | None = None
+        self.closed = False
+        self._going_away = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # pragma: no cover - platform dependent
+                pass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            host = peer[0]
+            self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
+        self.handler = self._handler_factory(self)
+        settings = [
+            (SETTINGS_ENABLE_PUSH, 0),
+            (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
+            (SETTINGS_MAX_FRAME_SIZE, MAX_RECEIVE_FRAME),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, self._max_header_list_size),
+        ]
+        if self._max_concurrent:
+            settings.append((SETTINGS_MAX_CONCURRENT_STREAMS, self._max_concurrent))
+        transport.write(
+            frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in settings))
+            + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW))
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            self._wake(stream)
+            if self.handler is not None:
+                self.handler.stream_reset(stream)
+        for waiter in self._conn_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._conn_waiters.clear()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+        if self.handler is not None:
+            self.handler.connection_closed()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+        self._drain_waiter = None
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        try:
+            if not self._preface_seen:
+                if len(buffer) < len(PREFACE):
+                    if not PREFACE.startswith(bytes(buffer)):
+                        raise ConnectionError_(PROTOCOL_ERROR, "invalid connection preface")
+                    return
+                if not buffer.startswith(PREFACE):
+                    raise ConnectionError_(PROTOCOL_ERROR, "invalid connection preface")
+                del buffer[: len(PREFACE)]
+                self._preface_seen = True
+            position = 0
+            end = len(buffer)
+            while end - position >= 9:
+                high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, position)
+                size = (high << 16) | low
+                if size > MAX_RECEIVE_FRAME:
+                    raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {size} bytes")
+                if end - position - 9 < size:
+                    break
+                start = position + 9
+                position = start + size
+                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[start:position]))
+                if self.closed:
+                    return
+            del buffer[:position]
+        except ConnectionError_ as error:
+            self.close(error.code, str(error))
+
+    # -- receiving ---------------------------------------------------------------------------------------
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._headers_in_progress is not None and kind != CONTINUATION:
+            raise ConnectionError_(PROTOCOL_ERROR, "expected CONTINUATION")
+        if kind == DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == PING:
+            if len(payload) != 8 or stream_id:
+                raise ConnectionError_(FRAME_SIZE_ERROR, "bad PING")
+            if not flags & FLAG_ACK:
+                self._write(frame(PING, FLAG_ACK, 0, payload))
+        elif kind == RST_STREAM:
+            if len(payload) != 4 or not stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "bad RST_STREAM")
+            stream = self.streams.pop(stream_id, None)
+            if stream is not None:
+                stream.remote_closed = stream.local_closed = True
+                self._wake(stream)
+                self.handler.stream_reset(stream)  # type: ignore[union-attr]
+        elif kind == GOAWAY:
+            self._going_away = True
+            if not self.streams:
+                self.close(NO_ERROR, "")
+        elif kind == PUSH_PROMISE:
+            raise ConnectionError_(PROTOCOL_ERROR, "clients cannot push")
+        # PRIORITY and unknown frame types are ignored (RFC 9113 5.5)
+
+    def _strip_padding(self, flags: int, payload: bytes) -> bytes:
+        if flags & FLAG_PADDED:
+            if not payload:
+                raise ConnectionError_(PROTOCOL_ERROR, "padding without length")
+            pad = payload[0]
+            if pad >= len(payload):
+                raise ConnectionError_(PROTOCOL_ERROR, "padding exceeds frame")
+            payload = payload[1 : len(payload) - pad]
+        return payload
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
+        flow = len(payload)
+        self._conn_recv_unacked += flow
+        if self._conn_recv_unacked >= RECEIVE_WINDOW // 2:
+            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self._conn_recv_unacked)))
+            self._conn_recv_unacked = 0
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            if stream_id > self._last_stream:
+                raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # a stream this side already closed or reset: ignored (RFC 9113 5.4.2)
+        end_stream = bool(flags & FLAG_END_STREAM)
+        if end_stream:
+            stream.remote_closed = True
+        else:
+            stream.recv_unacked += flow
+            if stream.recv_unacked >= RECEIVE_WINDOW // 2:
+                self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
+                stream.recv_unacked = 0
+        self.handler.stream_data(stream, self._strip_padding(flags, payload), end_stream)  # type: ignore[union-attr]
+        self._maybe_forget(stream)
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "HEADERS on stream 0")
+        payload = self._strip_padding(flags, payload)
+        if flags & FLAG_PRIORITY:
+            payload = payload[5:]
+        if flags & FLAG_END_HEADERS:
+            self._header_block(stream_id, flags, payload)
+        else:
+            self._headers_in_progress = (stream_id, flags, bytearray(payload))
+
+    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        progress = self._headers_in_progress
+        if progress is None or progress[0] != stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "unexpected CONTINUATION")
+        progress[2].extend(payload)
+        if len(progress[2]) > 4 * self._max_header_list_size + 65536:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
+        if flags & FLAG_END_HEADERS:
+            self._headers_in_progress = None
+            self._header_block(stream_id, progress[1], bytes(progress[2]))
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.OversizedHeaderListError:
+            # the decoder's table is still consistent only if the block was fully read; refuse the stream
+            headers = None
+        except hpack.HPACKError as error:
+            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {error}") from None
+        end_stream = bool(flags & FLAG_END_STREAM)
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers from the client
+            if not end_stream:
+                raise ConnectionError_(PROTOCOL_ERROR, "trailers without END_STREAM")
+            stream.remote_closed = True
+            self.handler.stream_data(stream, b"", True)  # type: ignore[union-attr]
+            self._maybe_forget(stream)
+            return
+        if stream_id % 2 == 0:
+            raise ConnectionError_(PROTOCOL_ERROR, f"stream {stream_id} cannot be opened by a client")
+        if stream_id <= self._last_stream:
+            return  # late frames of a stream this side already closed
+        self._last_stream = stream_id
+        stream = Stream(stream_id, self.peer_initial_window)
+        stream.remote_closed = end_stream
+        if self._going_away:
+            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
+            return
+        self.streams[stream_id] = stream
+        self.handler.stream_started(stream, headers, end_stream)  # type: ignore[arg-type, union-attr]
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            if not increment:
+                raise ConnectionError_(PROTOCOL_ERROR, "zero WINDOW_UPDATE")
+            self.conn_send_window += increment
+            if self.conn_send_window > MAX_WINDOW:
+                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window overflow")
+            waiters, self._conn_waiters = self._conn_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.send_window += increment
+            self._wake(stream)
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & FLAG_ACK:
+            return
+        if len(payload) % 6:
+            raise ConnectionError_(FRAME_SIZE_ERROR, "bad SETTINGS")
+        for offset in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, offset)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ConnectionError_(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    self._wake(stream)
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
+                    raise ConnectionError_(PROTOCOL_ERROR, "bad MAX_FRAME_SIZE")
+                self.peer_max_frame = value
+            elif key == SETTINGS_HEADER_TABLE_SIZE:
+                pass  # the server's blocks never use the dynamic table
+        self._write(frame(SETTINGS, FLAG_ACK, 0))
+
+    # -- sending -----------------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def _wake(self, stream: Stream) -> None:
+        waiter = stream._window_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        stream._window_waiter = None
+
+    def _maybe_forget(self, stream: Stream) -> None:
+        if stream.remote_closed and stream.local_closed:
+            self.streams.pop(stream.id, None)
+            if self._going_away and not self.streams:
+                self.close(NO_ERROR, "")
+
+    def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None:
+        """A complete header block in one HEADERS frame (gRPC blocks are small)."""
+        if stream.local_closed:
+            return
+        flags = FLAG_END_HEADERS | (FLAG_END_STREAM if end_stream else 0)
+        self._write(frame(HEADERS, flags, stream.id, block))
+        if end_stream:
+            self._end_local(stream)
+
+    def try_send(self, stream: Stream, parts: list[bytes], data: bytes, trailers: bytes | None) -> bool:
+        """Write ``parts`` (pre-built frames), ``data`` and the trailers at once if the windows allow."""
+        size = len(data)
+        if size > stream.send_window or size > self.conn_send_window or size > self.peer_max_frame:
+            return False
+        if stream.local_closed:
+            return True
+        stream.send_window -= size
+        self.conn_send_window -= size
+        parts.append(frame(DATA, 0, stream.id, data))
+        if trailers is not None:
+            parts.append(frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers))
+        self._write(b"".join(parts))
+        if trailers is not None:
+            self._end_local(stream)
+        return True
+
+    async def send_data(self, stream: Stream, data: bytes) -> None:
+        """DATA frames within the peer's frame size and flow-control windows, waiting for window updates."""
+        view = memoryview(data)
+        while view and not stream.local_closed and not self.closed:
+            allowed = min(len(view), stream.send_window, self.conn_send_window, self.peer_max_frame)
+            if allowed <= 0:
+                loop = asyncio.get_running_loop()
+                waiter = loop.create_future()
+                if stream.send_window <= 0:
+                    stream._window_waiter = waiter
+                else:
+                    self._conn_waiters.append(waiter)
+                await waiter
+                continue
+            stream.send_window -= allowed
+            self.conn_send_window -= allowed
+            self._write(frame(DATA, 0, stream.id, bytes(view[:allowed])))
+            view = view[allowed:]
+        if self._paused and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._drain_waiter = self._drain_waiter or loop.create_future()
+            await self._drain_waiter
+
+    def reset(self, stream: Stream, code: int) -> None:
+        if not stream.local_closed or not stream.remote_closed:
+            self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
+        stream.local_closed = stream.remote_closed = True
+        self.streams.pop(stream.id, None)
+        self._wake(stream)
+
+    def _end_local(self, stream: Stream) -> None:
+        stream.local_closed = True
+        if not stream.remote_closed:
+            # the response is complete: the rest of the request is not needed (gRPC servers do the same)
+            self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
+            stream.remote_closed = True
+        self._maybe_forget(stream)
+
+    def goaway(self) -> None:
+        """Graceful close: no new streams, close once the open ones finish."""
+        if self.closed:
+            return
+        self._going_away = True
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(NO_ERROR)))
+        if not self.streams and self.transport is not None:
+            self.transport.close()
+
+    def close(self, code: int, message: str) -> None:
+        if self.closed:
+            return
+        if code != NO_ERROR:
+            log.debug("closing HTTP/2 connection from %s: %s", self.peer, message)
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(code) + message.encode()[:256]))
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,506 @@
+"""The native gRPC front end: gRPC's wire protocol over ``serving_pod.grpc.h2``, on the event loop.
+
+It serves the very servicers of ``serving_pod.grpc.service`` (same methods, same error mapping) through a
+``Context`` that has the part of ``grpc.aio.ServicerContext`` they use. Why it exists: grpcio's asyncio
+server costs more Python time per RPC than the whole engine path (a canned-response servicer tops out
+below Triton), while an RPC here is a few frames parsed and written from one ``data_received``.
+``--grpc-server=grpcio`` keeps the grpc.aio server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import logging
+import ssl
+import time
+import urllib.parse
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+from google.protobuf import message_factory
+
+from serving_pod.grpc import h2
+
+log = logging.getLogger("ferry.grpc")
+
+_PREFIX_OK = b"\x00"
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
+RESPONSE_HEADERS = h2.encode_headers([
+    (b":status", b"200"),
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+])
+OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+
+
+class RpcError(Exception):
+    """Ends an RPC with ``code`` and ``details`` (what ``context.abort`` raises)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
+                 trailing: tuple = ()) -> bytes:
+    """Trailers (or a trailers-only response) carrying a gRPC status."""
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_headers else []
+    headers.append((b"grpc-status", str(code.value[0]).encode()))
+    if details:
+        headers.append((b"grpc-message", urllib.parse.quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
+                        .encode()))
+    for key, value in trailing:
+        if key.endswith("-bin") and isinstance(value, bytes):
+            value = base64.b64encode(value).rstrip(b"=")
+        headers.append((key.encode(), value if isinstance(value, bytes) else str(value).encode()))
+    return h2.encode_headers(headers)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC: its handler and how its messages flow."""
+
+    path: bytes
+    handler: Callable[..., Any]
+    request_class: Any
+    client_streaming: bool
+    server_streaming: bool
+
+
+def method_table(services: list[tuple[Any, Any]]) -> dict[bytes, Method]:
+    """``(service descriptor, servicer)`` pairs -> methods by ``/package.Service/Method`` path."""
+    table: dict[bytes, Method] = {}
+    for descriptor, servicer in services:
+        for method in descriptor.methods:
+            path = f"/{descriptor.full_name}/{method.name}".encode()
+            table[path] = Method(
+                path, getattr(servicer, method.name), message_factory.GetMessageClass(method.input_type),
+                method.client_streaming, method.server_streaming,
+            )
+    return table
+
+
+class Context:
+    """The subset of ``grpc.aio.ServicerContext`` that servicers use."""
+
+    __slots__ = ("_call", "_code", "_details", "_trailing", "_deadline", "_metadata")
+
+    def __init__(self, call: "Call", metadata: tuple, deadline: float | None) -> None:
+        self._call = call
+        self._metadata = metadata
+        self._deadline = deadline
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._trailing: tuple = ()
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
+        if trailing_metadata:
+            self._trailing = tuple(trailing_metadata)
+        raise RpcError(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def set_trailing_metadata(self, metadata: tuple) -> None:
+        self._trailing = tuple(metadata)
+
+    def trailing_metadata(self) -> tuple:
+        return self._trailing
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    async def send_initial_metadata(self, metadata: tuple) -> None:
+        self._call.send_headers()
+
+    def peer(self) -> str:
+        return self._call.connection.peer
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def cancelled(self) -> bool:
+        return self._call.cancelled
+
+    def done(self) -> bool:
+        return self._call.finished
+
+    def set_compression(self, compression: Any) -> None:
+        pass  # responses go uncompressed (allowed: the client accepts identity)
+
+    def disable_next_message_compression(self) -> None:
+        pass
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def peer_identities(self) -> None:
+        return None
+
+
+class Call:
+    """One RPC on one stream: the request bytes as they arrive, the handler task, the response."""
+
+    __slots__ = ("connection", "stream", "method", "encoding", "buffer", "queue", "task", "cancelled",
+                 "finished", "headers_sent", "context")
+
+    def __init__(self, connection: "GrpcConnection", stream: h2.Stream, method: Method, encoding: bytes) -> None:
+        self.connection = connection
+        self.stream = stream
+        self.method = method
+        self.encoding = encoding
+        self.buffer = bytearray()
+        self.queue: asyncio.Queue | None = asyncio.Queue() if method.client_streaming else None
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+        self.finished = False
+        self.headers_sent = False
+        self.context: Context | None = None
+
+    def send_headers(self) -> None:
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.connection.h2.send_headers(self.stream, RESPONSE_HEADERS)
+
+    def messages(self, final: bool) -> list[bytes]:
+        """Complete length-prefixed messages from the buffer, decompressed."""
+        out: list[bytes] = []
+        buffer = self.buffer
+        limit = self.connection.server.max_message_size
+        position = 0
+        while len(buffer) - position >= 5:
+            compressed = buffer[position]
+            size = int.from_bytes(buffer[position + 1 : position + 5], "big")
+            if size > limit:
+                raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"Received message larger than max ({size} vs. {limit})")
+            if len(buffer) - position - 5 < size:
+                break
+            data = bytes(buffer[position + 5 : position + 5 + size])
+            position += 5 + size
+            out.append(self._decompress(data, limit) if compressed else data)
+        del buffer[:position]
+        if final and buffer:
+            raise RpcError(grpc.StatusCode.INTERNAL, "Incomplete gRPC message at the end of the stream")
+        return out
+
+    def _decompress(self, data: bytes, limit: int) -> bytes:
+        if self.encoding in (b"gzip", b"deflate"):
+            wbits = 31 if self.encoding == b"gzip" else 15
+            inflater = zlib.decompressobj(wbits)
+            try:
+                out = inflater.decompress(data, limit + 1)
+            except zlib.error as error:
+                raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {error}") from None
+            if len(out) > limit or inflater.unconsumed_tail:
+                raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"Received message larger than max (more than {limit} bytes decompressed)")
+            return out
+        raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
+
+
+def _timeout(value: bytes) -> float:
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+        raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout '{value.decode('latin-1')}'")
+    return int(value[:-1]) * unit
+
+
+def _metadata_value(key: bytes, value: bytes) -> tuple[str, Any]:
+    name = key.decode("latin-1")
+    if name.endswith("-bin"):
+        return name, base64.b64decode(value + b"=" * (-len(value) % 4))
+    return name, value.decode("latin-1")
+
+
+class GrpcConnection:
+    """gRPC on one HTTP/2 connection (the ``StreamHandler`` of ``h2.H2Connection``)."""
+
+    def __init__(self, server: "NativeGrpcServer", connection: h2.H2Connection) -> None:
+        self.server = server
+        self.h2 = connection
+
+    @property
+    def peer(self) -> str:
+        return self.h2.peer
+
+    def stream_started(self, stream: h2.Stream, headers: list[tuple[bytes, bytes]] | None, end_stream: bool) -> None:
+        server = self.server
+        if headers is None:
+            self._refuse(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"Header list larger than {server.max_metadata_size} bytes")
+            return
+        path = b""
+        content_type = b""
+        http_method = b""
+        encoding = b"identity"
+        deadline: float | None = None
+        metadata: list[tuple[str, Any]] = []
+        try:
+            for key, value in headers:
+                if key[:1] == b":":
+                    if key == b":path":
+                        path = value
+                    elif key == b":method":
+                        http_method = value
+                elif key == b"content-type":
+                    content_type = value
+                elif key == b"grpc-timeout":
+                    deadline = time.monotonic() + _timeout(value)
+                elif key == b"grpc-encoding":
+                    encoding = value
+                elif key not in _RESERVED:
+                    metadata.append(_metadata_value(key, value))
+        except RpcError as error:
+            self._refuse(stream, error.code, error.details)
+            return
+        if http_method != b"POST" or not content_type.startswith(b"application/grpc"):
+            status = b"405" if http_method != b"POST" else b"415"
+            self.h2.send_headers(stream, h2.encode_headers([(b":status", status)]), end_stream=True)
+            return
+        method = server.methods.get(path)
+        if method is None:
+            self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            return
+        if encoding not in (b"identity", b"gzip", b"deflate"):
+            self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
+                         f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
+            return
+        denied = server.denied(path, metadata)
+        if denied:
+            self._refuse(stream, grpc.StatusCode.UNAVAILABLE, denied)
+            return
+        call = Call(self, stream, method, encoding)
+        call.context = Context(call, tuple(metadata), deadline)
+        stream.call = call
+        if method.client_streaming:
+            call.task = asyncio.get_running_loop().create_task(self._run(call, None))
+            server.calls.add(call.task)
+            call.task.add_done_callback(server.calls.discard)
+        if end_stream:
+            self.stream_data(stream, b"", True)
+
+    def _refuse(self, stream: h2.Stream, code: grpc.StatusCode, details: str) -> None:
+        self.h2.send_headers(stream, status_block(code, details, with_headers=True), end_stream=True)
+
+    def stream_data(self, stream: h2.Stream, data: bytes, end_stream: bool) -> None:
+        call: Call | None = stream.call  # type: ignore[assignment]
+        if call is None:
+            return
+        if data:
+            call.buffer += data
+        try:
+            if call.queue is not None:
+                for message in call.messages(end_stream):
+                    call.queue.put_nowait(message)
+                if end_stream:
+                    call.queue.put_nowait(None)
+                return
+            if not end_stream:
+                if len(call.buffer) > self.server.max_message_size + 5:
+                    call.messages(False)  # raises RESOURCE_EXHAUSTED
+                return
+            messages = call.messages(True)
+            if len(messages) != 1:
+                raise RpcError(grpc.StatusCode.INTERNAL if messages else grpc.StatusCode.UNIMPLEMENTED,
+                               f"Expected one request message, received {len(messages)}")
+        except RpcError as error:
+            self._fail(call, error)
+            return
+        call.task = asyncio.get_running_loop().create_task(self._run(call, messages[0]))
+        self.server.calls.add(call.task)
+        call.task.add_done_callback(self.server.calls.discard)
+
+    def connection_closed(self) -> None:
+        self.server.connections.discard(self.h2)
+
+    def stream_reset(self, stream: h2.Stream) -> None:
+        call: Call | None = stream.call  # type: ignore[assignment]
+        if call is not None and not call.finished:
+            call.cancelled = True
+            if call.task is not None:
+                call.task.cancel()
+
+    def _fail(self, call: Call, error: RpcError) -> None:
+        call.finished = True
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+        self.h2.send_headers(call.stream, status_block(error.code, error.details, with_headers=not call.headers_sent),
+                             end_stream=True)
+
+    async def _requests(self, call: Call):
+        parse = call.method.request_class.FromString
+        queue = call.queue
+        while True:
+            message = await queue.get()  # type: ignore[union-attr]
+            if message is None:
+                return
+            yield parse(message)
+
+    async def _run(self, call: Call, message: bytes | None) -> None:
+        method = call.method
+        context = call.context
+        deadline = context._deadline  # type: ignore[union-attr]
+        try:
+            if message is not None:
+                try:
+                    request: Any = method.request_class.FromString(message)
+                except Exception as error:  # noqa: BLE001 - a malformed protobuf
+                    raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to parse the request: {error}") from None
+            else:
+                request = self._requests(call)
+            if deadline is None:
+                await self._respond(call, request)
+            else:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + deadline - time.monotonic()):
+                    await self._respond(call, request)
+        except RpcError as error:
+            self._finish(call, error.code, error.details)
+        except TimeoutError:
+            self._finish(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        except asyncio.CancelledError:
+            if call.cancelled or call.finished or self.h2.closed:
+                return
+            self._finish(call, grpc.StatusCode.CANCELLED, "Cancelled")
+            raise
+        except Exception as error:  # noqa: BLE001 - a servicer bug must not take the connection down
+            code = context.code() if context is not None else None  # type: ignore[union-attr]
+            if code is None or code == grpc.StatusCode.OK:
+                log.exception("gRPC method %s failed", method.path.decode())
+                self._finish(call, grpc.StatusCode.UNKNOWN, f"Unexpected {type(error)}: {error}")
+            else:
+                self._finish(call, code, context.details())  # type: ignore[union-attr]
+
+    async def _respond(self, call: Call, request: Any) -> None:
+        method = call.method
+        context = call.context
+        result = method.handler(request, context)
+        connection = self.h2
+        if method.server_streaming:
+            async for response in result:
+                call.send_headers()
+                data = response.SerializeToString()
+                await connection.send_data(call.stream, _PREFIX_OK + len(data).to_bytes(4, "big") + data)
+            self._finish(call, context.code() or grpc.StatusCode.OK, context.details())  # type: ignore[union-attr]
+            return
+        if inspect.isawaitable(result):
+            result = await result
+        if call.finished:
+            return
+        code = context.code()  # type: ignore[union-attr]
+        if code is not None and code != grpc.StatusCode.OK:
+            self._finish(call, code, context.details())  # type: ignore[union-attr]
+            return
+        data = result.SerializeToString()
+        payload = _PREFIX_OK + len(data).to_bytes(4, "big") + data
+        trailing = context._trailing  # type: ignore[union-attr]
+        trailers = OK_TRAILERS if not trailing else status_block(grpc.StatusCode.OK, "", with_headers=False,
+                                                                 trailing=trailing)
+        call.finished = True
+        parts: list[bytes] = []
+        if not call.headers_sent:
+            call.headers_sent = True
+            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, RESPONSE_HEADERS))
+        if connection.try_send(call.stream, parts, payload, trailers):
+            return
+        if parts:
+            connection._write(parts[0])
+        await connection.send_data(call.stream, payload)
+        connection.send_headers(call.stream, trailers, end_stream=True)
+
+    def _finish(self, call: Call, code: grpc.StatusCode, details: str) -> None:
+        if call.stream.local_closed:
+            call.finished = True
+            return
+        call.finished = True
+        trailing = call.context._trailing if call.context is not None else ()
+        if code == grpc.StatusCode.OK and call.headers_sent and not trailing:
+            block = OK_TRAILERS
+        else:
+            block = status_block(code, details, with_headers=not call.headers_sent, trailing=trailing)
+        self.h2.send_headers(call.stream, block, end_stream=True)
+
+
+class NativeGrpcServer:
+    """Listens, accepts HTTP/2 connections and serves the method table; ``stop`` drains gracefully."""
+
+    def __init__(
+        self,
+        services: list[tuple[Any, Any]],
+        *,
+        denied: Callable[[bytes, list[tuple[str, Any]]], str | None] | None = None,
+        max_message_size: int,
+        max_metadata_size: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.methods = method_table(services)
+        self._denied = denied
+        self.max_message_size = max_message_size
+        self.max_metadata_size = max_metadata_size
+        self.ssl_context = ssl_context
+        self.calls: set[asyncio.Task] = set()
+        self.connections: set[h2.H2Connection] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+
+    def denied(self, path: bytes, metadata: list[tuple[str, Any]]) -> str | None:
+        return self._denied(path, metadata) if self._denied is not None else None
+
+    def _protocol(self) -> h2.H2Connection:
+        connection = h2.H2Connection(
+            lambda conn: GrpcConnection(self, conn), max_header_list_size=self.max_metadata_size
+        )
+        self.connections.add(connection)
+        return connection
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (port 0: a free one) and return the bound port."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(self._protocol, host or None, port, ssl=self.ssl_context,
+                                          reuse_address=True, backlog=1024)
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let running RPCs finish for ``grace`` seconds, then cancel them and close."""
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.goaway()
+        if self.calls and grace:
+            await asyncio.wait(list(self.calls), timeout=grace)
+        for task in list(self.calls):
+            task.cancel()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        self.connections.clear()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+
+def server_ssl_context(cert: str, key: str, ca: str | None, mutual: bool) -> ssl.SSLContext:
+    """TLS for gRPC: HTTP/2 through ALPN, the client certificate required with ``mutual``."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    if ca:
+        context.load_verify_locations(ca)
+    if mutual:
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])
+    return context
