@@ -129,7 +129,9 @@ class H2Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._preface_seen = False
         self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = max_header_list_size
+        # blocks over the advertised limit are still decoded whole (the HPACK table must stay in step with the
+        # client's encoder) and the stream refused; only past this hard limit is the connection given up
+        self._decoder.max_header_list_size = 4 * max_header_list_size + 65536
         self._max_header_list_size = max_header_list_size
         self._max_concurrent = max_concurrent_streams
         self._last_stream = 0
@@ -322,12 +324,15 @@ class H2Connection(asyncio.Protocol):
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
-            headers = self._decoder.decode(block, raw=True)
+            decoded: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
         except hpack.OversizedHeaderListError:
-            # the decoder's table is still consistent only if the block was fully read; refuse the stream
-            headers = None
+            # decoding stopped mid-block: the table is out of step with the client's, the connection unusable
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "header list beyond the hard limit") from None
         except hpack.HPACKError as error:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {error}") from None
+        headers: list[tuple[bytes, bytes]] | None = decoded
+        if sum(32 + len(name) + len(value) for name, value in decoded) > self._max_header_list_size:
+            headers = None  # refused by the layer above; the connection goes on
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client

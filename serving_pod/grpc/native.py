@@ -30,10 +30,11 @@ log = logging.getLogger("ferry.grpc")
 _PREFIX_OK = b"\x00"
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
+_ACCEPT_ENCODING = b"identity,deflate,gzip"
 RESPONSE_HEADERS = h2.encode_headers([
     (b":status", b"200"),
     (b"content-type", b"application/grpc"),
-    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+    (b"grpc-accept-encoding", _ACCEPT_ENCODING),
 ])
 OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
 
@@ -210,6 +211,8 @@ class Call:
             if len(out) > limit or inflater.unconsumed_tail:
                 raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"Received message larger than max (more than {limit} bytes decompressed)")
+            if not inflater.eof:  # cut short: without this, a truncated stream would pass as a shorter message
+                raise RpcError(grpc.StatusCode.INTERNAL, "Failed to decompress the message: truncated stream")
             return out
         raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
 
@@ -224,7 +227,10 @@ def _timeout(value: bytes) -> float:
 def _metadata_value(key: bytes, value: bytes) -> tuple[str, Any]:
     name = key.decode("latin-1")
     if name.endswith("-bin"):
-        return name, base64.b64decode(value + b"=" * (-len(value) % 4))
+        try:
+            return name, base64.b64decode(value + b"=" * (-len(value) % 4))
+        except ValueError:  # binascii.Error
+            raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid base64 in binary metadata '{name}'") from None
     return name, value.decode("latin-1")
 
 
@@ -278,8 +284,11 @@ class GrpcConnection:
             self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
         if encoding not in (b"identity", b"gzip", b"deflate"):
+            # doc/compression.md: UNIMPLEMENTED, naming the supported ones, with grpc-accept-encoding
             self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
-                         f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
+                         f"Compression algorithm '{encoding.decode('latin-1')}' is not supported "
+                         f"(supported: {_ACCEPT_ENCODING.decode()})",
+                         (("grpc-accept-encoding", _ACCEPT_ENCODING),))
             return
         denied = server.denied(path, metadata)
         if denied:
@@ -295,8 +304,9 @@ class GrpcConnection:
         if end_stream:
             self.stream_data(stream, b"", True)
 
-    def _refuse(self, stream: h2.Stream, code: grpc.StatusCode, details: str) -> None:
-        self.h2.send_headers(stream, status_block(code, details, with_headers=True), end_stream=True)
+    def _refuse(self, stream: h2.Stream, code: grpc.StatusCode, details: str, trailing: tuple = ()) -> None:
+        self.h2.send_headers(stream, status_block(code, details, with_headers=True, trailing=trailing),
+                             end_stream=True)
 
     def stream_data(self, stream: h2.Stream, data: bytes, end_stream: bool) -> None:
         call: Call | None = stream.call  # type: ignore[assignment]
@@ -312,13 +322,14 @@ class GrpcConnection:
                     call.queue.put_nowait(None)
                 return
             if not end_stream:
-                if len(call.buffer) > self.server.max_message_size + 5:
-                    call.messages(False)  # raises RESOURCE_EXHAUSTED
+                buffer = call.buffer
+                limit = self.server.max_message_size
+                if len(buffer) > limit + 5 or (len(buffer) >= 5 and int.from_bytes(buffer[1:5], "big") > limit):
+                    call.messages(False)  # raises RESOURCE_EXHAUSTED (known from the prefix alone)
                 return
             messages = call.messages(True)
-            if len(messages) != 1:
-                raise RpcError(grpc.StatusCode.INTERNAL if messages else grpc.StatusCode.UNIMPLEMENTED,
-                               f"Expected one request message, received {len(messages)}")
+            if len(messages) != 1:  # a cardinality violation: UNIMPLEMENTED (doc/statuscodes.md)
+                raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"Expected one request message, received {len(messages)}")
         except RpcError as error:
             self._fail(call, error)
             return
