@@ -9,7 +9,7 @@ Execution modes (model config parameter ``ferry_execution_mode``: ``auto`` (defa
 a thread hop costs far more than a small model's whole execution (~150-250 us here against tens of
 microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (it never blocks on the
 engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
-``INLINE_ENTER_NS`` runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
+``INLINE_ENTER_NS`` of its thread's CPU time (and under ``INLINE_EXIT_NS`` of wall time) runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
 ``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
 the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
 """
@@ -30,7 +30,7 @@ Result = InferResponse | ServerError | None
 BatchSizer = Callable[[InferRequest], int]
 
 #: every one of the last INLINE_WINDOW threaded executions must be this fast to go inline
-INLINE_ENTER_NS = 200_000
+INLINE_ENTER_NS = 500_000
 INLINE_WINDOW = 64
 #: this many inline executions in a row slower than INLINE_EXIT_NS return the instance to its thread
 INLINE_EXIT_NS = 2_000_000
@@ -51,13 +51,16 @@ class _Mode:
         self.cooldown = 0
         self.strikes = 0
 
-    def after_thread(self, duration_ns: int) -> None:
+    def after_thread(self, duration_ns: int, cpu_ns: int) -> None:
         if not self.allowed:
             return
         if self.cooldown:
             self.cooldown -= 1
             return
-        if duration_ns < INLINE_ENTER_NS:
+        # the worker thread's CPU time is what the loop would spend inline; its wall time also counts waits
+        # for the GIL while the loop is busy (under load that alone can exceed INLINE_ENTER_NS), and is
+        # bounded separately so a model that sleeps or waits on I/O never goes inline
+        if cpu_ns < INLINE_ENTER_NS and duration_ns < INLINE_EXIT_NS:
             self.fast_streak += 1
             if self.fast_streak >= INLINE_WINDOW:
                 self.inline = True
@@ -148,10 +151,10 @@ class InstancePool:
             return self.execute_inline(index, requests)
         dispatch_ns = time.monotonic_ns()
         loop = asyncio.get_running_loop()
-        results, start_ns, end_ns = await loop.run_in_executor(
-            self._executors[index], _run, self.instances[index], requests
+        results, start_ns, end_ns, cpu_ns = await loop.run_in_executor(
+            self._executors[index], _run_threaded, self.instances[index], requests
         )
-        mode.after_thread(end_ns - start_ns)
+        mode.after_thread(end_ns - start_ns, cpu_ns)
         self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
         return results
 
@@ -199,6 +202,14 @@ class InstancePool:
             except Exception:  # a failing finalize must not stop the others
                 pass
             executor.shutdown(wait=True)
+
+
+def _run_threaded(
+    instance: ModelInstance, requests: list[InferRequest]
+) -> tuple[list[Result], int, int, int]:
+    cpu_ns = time.thread_time_ns()
+    results, start_ns, end_ns = _run(instance, requests)
+    return results, start_ns, end_ns, time.thread_time_ns() - cpu_ns
 
 
 def _run(
