@@ -43,10 +43,27 @@ MAX_WINDOW = 2**31 - 1
 #: what this server grants: receive windows are replenished once half is consumed
 RECEIVE_WINDOW = 8 * 1024 * 1024
 MAX_RECEIVE_FRAME = 1024 * 1024
+#: decoded header blocks kept per connection (one per distinct repeated call shape)
+BLOCK_CACHE_SIZE = 64
 
 _HEADER = struct.Struct(">BHBBI")
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
+
+
+def _only_indexed(block: bytes) -> bool:
+    """Whether an HPACK block holds indexed header fields only (RFC 7541 6.1), which never change the table."""
+    position, size = 0, len(block)
+    while position < size:
+        first = block[position]
+        if not first & 0x80:
+            return False
+        position += 1
+        if first & 0x7F == 0x7F:  # the index continues in the following bytes
+            while position < size and block[position] & 0x80:
+                position += 1
+            position += 1
+    return True
 
 
 class ConnectionError_(Exception):
@@ -129,6 +146,7 @@ class H2Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._preface_seen = False
         self._decoder = hpack.Decoder()
+        self._block_cache: dict[bytes, list[tuple[bytes, bytes]] | None] = {}
         # blocks over the advertised limit are still decoded whole (the HPACK table must stay in step with the
         # client's encoder) and the stream refused; only past this hard limit is the connection given up
         self._decoder.max_header_list_size = 4 * max_header_list_size + 65536
@@ -322,7 +340,15 @@ class H2Connection(asyncio.Protocol):
             self._headers_in_progress = None
             self._header_block(stream_id, progress[1], bytes(progress[2]))
 
-    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]] | None:
+        """The block's header list, or None when it is over the advertised size (the stream is refused).
+
+        A client repeating a call sends the same block of indexed fields each time; such a block leaves the
+        dynamic table as it was, so its decoding is kept until a block that may change the table arrives.
+        """
+        cache = self._block_cache
+        if block in cache:
+            return cache[block]
         try:
             decoded: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
         except hpack.OversizedHeaderListError:
@@ -333,6 +359,14 @@ class H2Connection(asyncio.Protocol):
         headers: list[tuple[bytes, bytes]] | None = decoded
         if sum(32 + len(name) + len(value) for name, value in decoded) > self._max_header_list_size:
             headers = None  # refused by the layer above; the connection goes on
+        if not _only_indexed(block):
+            cache.clear()
+        elif len(cache) < BLOCK_CACHE_SIZE:
+            cache[block] = headers
+        return headers
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        headers = self._decode(block)
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
