@@ -15,7 +15,7 @@ import argparse
 import os
 from typing import Any
 
-from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, TlsOptions
+from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, GrpcKeepalive, TlsOptions
 from serving_pod.security import parse_restrictions
 from serving_pod.trace import parse_trace_config
 
@@ -81,6 +81,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a client may take to send one whole HTTP request")
     add("--grpc-max-message-size", type=_positive(int), default=GRPC_MAX_MESSAGE_SIZE)
     add("--grpc-max-metadata-size", type=_positive(int), default=64 * 1024)
+    defaults = GrpcKeepalive()
+    add("--grpc-keepalive-time", type=_positive(int), default=defaults.time_ms,
+        help="ms between the server's keepalive pings on a connection")
+    add("--grpc-keepalive-timeout", type=_positive(int), default=defaults.timeout_ms,
+        help="ms to wait for a keepalive ping's acknowledgement before closing the connection")
+    add("--grpc-keepalive-permit-without-calls", type=parse_bool, default=defaults.permit_without_calls,
+        help="keepalive pings (both ways) also on connections without calls")
+    add("--grpc-http2-max-pings-without-data", type=number(int), default=defaults.max_pings_without_data,
+        help="pings the server sends without data in between (0: no limit)")
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=number(int),
+        default=defaults.min_recv_ping_interval_without_data_ms,
+        help="ms a client must leave between pings when no data is sent, else it earns a strike")
+    add("--grpc-http2-max-ping-strikes", type=number(int), default=defaults.max_ping_strikes,
+        help="strikes before the connection is closed with GOAWAY ENHANCE_YOUR_CALM (0: no limit)")
+    add("--grpc-infer-allocation-pool-size", type=number(int), default=8,
+        help="accepted for tritonserver compatibility (Ferry keeps no response-object pool)")
+    add("--grpc-infer-response-compression-level", choices=["none", "low", "med", "high"], default="none",
+        help="compress gRPC responses (gzip or deflate, as the client accepts)")
 
 
 def _existing(parser: argparse.ArgumentParser, flag: str, path: str) -> str:
@@ -148,5 +166,11 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
         "http_read_timeout_secs": args.http_read_timeout_secs,
         "grpc_max_message_size": args.grpc_max_message_size,
         "grpc_max_metadata_size": args.grpc_max_metadata_size,
+        "grpc_keepalive": GrpcKeepalive(
+            args.grpc_keepalive_time, args.grpc_keepalive_timeout, args.grpc_keepalive_permit_without_calls,
+            args.grpc_http2_max_pings_without_data, args.grpc_http2_min_recv_ping_interval_without_data,
+            args.grpc_http2_max_ping_strikes,
+        ),
+        "grpc_response_compression": args.grpc_infer_response_compression_level,
     }
     return engine, server

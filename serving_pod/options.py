@@ -11,6 +11,18 @@ GRPC_MAX_MESSAGE_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcKeepalive:
+    """tritonserver's ``--grpc-keepalive-*`` / ``--grpc-http2-*`` flags (milliseconds), with its defaults."""
+
+    time_ms: int = 7_200_000
+    timeout_ms: int = 20_000
+    permit_without_calls: bool = False
+    max_pings_without_data: int = 2
+    min_recv_ping_interval_without_data_ms: int = 300_000
+    max_ping_strikes: int = 2
+
+
+@dataclass(frozen=True, slots=True)
 class TlsOptions:
     """Server certificate and key files; ``ca`` (root certificates) and ``mutual`` for client certs."""
 
@@ -61,3 +73,6 @@ class ServerOptions:
     http_read_timeout_secs: float = 60.0
     grpc_max_message_size: int = GRPC_MAX_MESSAGE_SIZE
     grpc_max_metadata_size: int = 64 * 1024
+    grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
+    #: ``--grpc-infer-response-compression-level``: none, low, med or high
+    grpc_response_compression: str = "none"

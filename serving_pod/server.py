@@ -164,6 +164,8 @@ class FerryServer:
                 max_message_size=options.grpc_max_message_size,
                 max_metadata_size=options.grpc_max_metadata_size,
                 ssl_context=None if tls is None else server_ssl_context(tls.cert, tls.key, tls.ca, tls.mutual),
+                keepalive=options.grpc_keepalive,
+                response_compression=options.grpc_response_compression,
             )
             self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port)
         elif options.allow_grpc:
@@ -174,6 +176,8 @@ class FerryServer:
                 restrictions=options.grpc_restrictions,
                 max_message_size=options.grpc_max_message_size,
                 max_metadata_size=options.grpc_max_metadata_size,
+                keepalive=options.grpc_keepalive,
+                response_compression=options.grpc_response_compression,
             )
             host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
             address = f"{host}:{options.grpc_port}"

@@ -12,9 +12,13 @@ import asyncio
 import logging
 import socket
 import struct
-from typing import Protocol
+import time
+from typing import TYPE_CHECKING, Protocol
 
 import hpack
+
+if TYPE_CHECKING:
+    from serving_pod.options import GrpcKeepalive
 
 log = logging.getLogger("ferry.grpc.h2")
 
@@ -43,6 +47,9 @@ MAX_WINDOW = 2**31 - 1
 #: what this server grants: receive windows are replenished once half is consumed
 RECEIVE_WINDOW = 8 * 1024 * 1024
 MAX_RECEIVE_FRAME = 1024 * 1024
+KEEPALIVE_PAYLOAD = b"ferry-ka"
+#: without calls (and without permit_without_calls) a client may ping once in this many seconds (gRPC: 2 h)
+IDLE_PING_INTERVAL = 7200.0
 #: decoded header blocks kept per connection (one per distinct repeated call shape)
 BLOCK_CACHE_SIZE = 64
 
@@ -137,8 +144,17 @@ class Stream:
 class H2Connection(asyncio.Protocol):
     """One client connection: parses frames, keeps stream state and flow control, writes frames."""
 
-    def __init__(self, handler_factory, *, max_header_list_size: int, max_concurrent_streams: int = 0) -> None:
+    def __init__(self, handler_factory, *, max_header_list_size: int, max_concurrent_streams: int = 0,
+                 keepalive: "GrpcKeepalive | None" = None) -> None:
         self._handler_factory = handler_factory
+        self._keepalive = keepalive
+        self._keepalive_handle: asyncio.TimerHandle | None = None
+        self._keepalive_deadline: asyncio.TimerHandle | None = None
+        #: gRPC's ping policy (reset whenever this side sends headers or data): pings sent, client pings
+        #: received too early ("strikes") and when the client's last ping arrived
+        self._pings_without_data = 0
+        self._ping_strikes = 0
+        self._last_ping_received: float | None = None
         self.handler: StreamHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -168,6 +184,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
+        self._schedule_keepalive()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -194,6 +211,9 @@ class H2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        for handle in (self._keepalive_handle, self._keepalive_deadline):
+            if handle is not None:
+                handle.cancel()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._wake(stream)
@@ -266,7 +286,12 @@ class H2Connection(asyncio.Protocol):
         elif kind == PING:
             if len(payload) != 8 or stream_id:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "bad PING")
-            if not flags & FLAG_ACK:
+            if flags & FLAG_ACK:
+                if payload == KEEPALIVE_PAYLOAD and self._keepalive_deadline is not None:
+                    self._keepalive_deadline.cancel()
+                    self._keepalive_deadline = None
+                    self._schedule_keepalive()
+            elif self._ping_allowed():
                 self._write(frame(PING, FLAG_ACK, 0, payload))
         elif kind == RST_STREAM:
             if len(payload) != 4 or not stream_id:
@@ -434,6 +459,57 @@ class H2Connection(asyncio.Protocol):
                 pass  # the server's blocks never use the dynamic table
         self._write(frame(SETTINGS, FLAG_ACK, 0))
 
+    # -- keepalive (gRPC's GRPC_ARG_KEEPALIVE_* and GRPC_ARG_HTTP2_* semantics) ------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        policy = self._keepalive
+        if policy is not None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._keepalive_handle = loop.call_later(policy.time_ms / 1000, self._send_keepalive)
+
+    def _send_keepalive(self) -> None:
+        policy = self._keepalive
+        if self.closed or policy is None:
+            return
+        idle = not self.streams and not policy.permit_without_calls
+        limited = policy.max_pings_without_data and self._pings_without_data >= policy.max_pings_without_data
+        if idle or limited:
+            self._schedule_keepalive()
+            return
+        self._pings_without_data += 1
+        self._write(frame(PING, 0, 0, KEEPALIVE_PAYLOAD))
+        loop = asyncio.get_running_loop()
+        self._keepalive_deadline = loop.call_later(policy.timeout_ms / 1000, self._keepalive_expired)
+
+    def _keepalive_expired(self) -> None:
+        log.info("closing HTTP/2 connection from %s: keepalive ping not acknowledged", self.peer)
+        self.close(NO_ERROR, "keepalive watchdog timeout")
+
+    def _ping_allowed(self) -> bool:
+        """Whether a client PING is within policy; too many too early get GOAWAY ENHANCE_YOUR_CALM."""
+        policy = self._keepalive
+        if policy is None or not policy.max_ping_strikes:
+            return True
+        now = time.monotonic()
+        last = self._last_ping_received
+        self._last_ping_received = now
+        if last is None:
+            return True
+        busy = bool(self.streams) or policy.permit_without_calls
+        interval = policy.min_recv_ping_interval_without_data_ms / 1000 if busy else IDLE_PING_INTERVAL
+        if now - last >= interval:
+            return True
+        self._ping_strikes += 1
+        if self._ping_strikes <= policy.max_ping_strikes:
+            return True
+        self.close(ENHANCE_YOUR_CALM, "too_many_pings")
+        return False
+
+    def _sent_data(self) -> None:
+        self._pings_without_data = 0
+        self._ping_strikes = 0
+        self._last_ping_received = None
+
     # -- sending -----------------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
@@ -458,6 +534,7 @@ class H2Connection(asyncio.Protocol):
             return
         flags = FLAG_END_HEADERS | (FLAG_END_STREAM if end_stream else 0)
         self._write(frame(HEADERS, flags, stream.id, block))
+        self._sent_data()
         if end_stream:
             self._end_local(stream)
 
@@ -474,6 +551,7 @@ class H2Connection(asyncio.Protocol):
         if trailers is not None:
             parts.append(frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers))
         self._write(b"".join(parts))
+        self._sent_data()
         if trailers is not None:
             self._end_local(stream)
         return True
@@ -495,6 +573,7 @@ class H2Connection(asyncio.Protocol):
             stream.send_window -= allowed
             self.conn_send_window -= allowed
             self._write(frame(DATA, 0, stream.id, bytes(view[:allowed])))
+            self._sent_data()
             view = view[allowed:]
         if self._paused and not self.closed:
             loop = asyncio.get_running_loop()

@@ -37,6 +37,39 @@ RESPONSE_HEADERS = h2.encode_headers([
     (b"grpc-accept-encoding", _ACCEPT_ENCODING),
 ])
 OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
+#: response headers by the response messages' compression (``--grpc-infer-response-compression-level``)
+_HEADERS_FOR: dict[bytes | None, bytes] = {
+    None: RESPONSE_HEADERS,
+    **{algorithm: h2.encode_headers([
+        (b":status", b"200"),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-encoding", algorithm),
+        (b"grpc-accept-encoding", _ACCEPT_ENCODING),
+    ]) for algorithm in (b"gzip", b"deflate")},
+}
+#: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
+_RANKING = (b"gzip", b"deflate")
+
+
+def response_compression(level: str, accepted: bytes) -> bytes | None:
+    """The algorithm for ``level`` (none, low, med, high) among those the client's grpc-accept-encoding lists."""
+    if level == "none" or not accepted:
+        return None
+    tokens = {token.strip() for token in accepted.split(b",")}
+    candidates = [algorithm for algorithm in _RANKING if algorithm in tokens]
+    if not candidates:
+        return None
+    index = {"low": 0, "med": len(candidates) // 2}.get(level, len(candidates) - 1)
+    return candidates[index]
+
+
+def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
+    """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
+    if algorithm is None:
+        return _PREFIX_OK + len(data).to_bytes(4, "big") + data
+    packer = zlib.compressobj(wbits=31 if algorithm == b"gzip" else 15)
+    packed = packer.compress(data) + packer.flush()
+    return b"\x01" + len(packed).to_bytes(4, "big") + packed
 
 
 class RpcError(Exception):
@@ -158,7 +191,7 @@ class Call:
     """One RPC on one stream: the request bytes as they arrive, the handler task, the response."""
 
     __slots__ = ("connection", "stream", "method", "encoding", "buffer", "queue", "task", "cancelled",
-                 "finished", "headers_sent", "context")
+                 "finished", "headers_sent", "context", "compress")
 
     def __init__(self, connection: "GrpcConnection", stream: h2.Stream, method: Method, encoding: bytes) -> None:
         self.connection = connection
@@ -172,11 +205,12 @@ class Call:
         self.finished = False
         self.headers_sent = False
         self.context: Context | None = None
+        self.compress: bytes | None = None
 
     def send_headers(self) -> None:
         if not self.headers_sent:
             self.headers_sent = True
-            self.connection.h2.send_headers(self.stream, RESPONSE_HEADERS)
+            self.connection.h2.send_headers(self.stream, _HEADERS_FOR[self.compress])
 
     def messages(self, final: bool) -> list[bytes]:
         """Complete length-prefixed messages from the buffer, decompressed."""
@@ -255,6 +289,7 @@ class GrpcConnection:
         content_type = b""
         http_method = b""
         encoding = b"identity"
+        accepted = b""
         deadline: float | None = None
         metadata: list[tuple[str, Any]] = []
         try:
@@ -270,6 +305,8 @@ class GrpcConnection:
                     deadline = time.monotonic() + _timeout(value)
                 elif key == b"grpc-encoding":
                     encoding = value
+                elif key == b"grpc-accept-encoding":
+                    accepted = value
                 elif key not in _RESERVED:
                     metadata.append(_metadata_value(key, value))
         except RpcError as error:
@@ -295,6 +332,8 @@ class GrpcConnection:
             self._refuse(stream, grpc.StatusCode.UNAVAILABLE, denied)
             return
         call = Call(self, stream, method, encoding)
+        if server.response_compression != "none":
+            call.compress = response_compression(server.response_compression, accepted)
         call.context = Context(call, tuple(metadata), deadline)
         stream.call = call
         if method.client_streaming:
@@ -405,8 +444,7 @@ class GrpcConnection:
         if method.server_streaming:
             async for response in result:
                 call.send_headers()
-                data = response.SerializeToString()
-                await connection.send_data(call.stream, _PREFIX_OK + len(data).to_bytes(4, "big") + data)
+                await connection.send_data(call.stream, message_frame(response.SerializeToString(), call.compress))
             self._finish(call, context.code() or grpc.StatusCode.OK, context.details())  # type: ignore[union-attr]
             return
         if inspect.isawaitable(result):
@@ -417,8 +455,7 @@ class GrpcConnection:
         if code is not None and code != grpc.StatusCode.OK:
             self._finish(call, code, context.details())  # type: ignore[union-attr]
             return
-        data = result.SerializeToString()
-        payload = _PREFIX_OK + len(data).to_bytes(4, "big") + data
+        payload = message_frame(result.SerializeToString(), call.compress)
         trailing = context._trailing  # type: ignore[union-attr]
         trailers = OK_TRAILERS if not trailing else status_block(grpc.StatusCode.OK, "", with_headers=False,
                                                                  trailing=trailing)
@@ -426,7 +463,7 @@ class GrpcConnection:
         parts: list[bytes] = []
         if not call.headers_sent:
             call.headers_sent = True
-            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, RESPONSE_HEADERS))
+            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, _HEADERS_FOR[call.compress]))
         if connection.try_send(call.stream, parts, payload, trailers):
             return
         if parts:
@@ -458,8 +495,12 @@ class NativeGrpcServer:
         max_message_size: int,
         max_metadata_size: int,
         ssl_context: ssl.SSLContext | None = None,
+        keepalive: Any = None,
+        response_compression: str = "none",
     ) -> None:
         self.methods = method_table(services)
+        self.keepalive = keepalive
+        self.response_compression = response_compression
         self._denied = denied
         self.max_message_size = max_message_size
         self.max_metadata_size = max_metadata_size
@@ -473,7 +514,8 @@ class NativeGrpcServer:
 
     def _protocol(self) -> h2.H2Connection:
         connection = h2.H2Connection(
-            lambda conn: GrpcConnection(self, conn), max_header_list_size=self.max_metadata_size
+            lambda conn: GrpcConnection(self, conn), max_header_list_size=self.max_metadata_size,
+            keepalive=self.keepalive,
         )
         self.connections.add(connection)
         return connection

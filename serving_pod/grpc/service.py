@@ -203,6 +203,8 @@ def create_native_server(
     max_message_size: int = INT32_MAX,
     max_metadata_size: int = 64 * 1024,
     ssl_context: Any = None,
+    keepalive: Any = None,
+    response_compression: str = "none",
 ) -> Any:
     """The same services on the native front end (``serving_pod.grpc.native``); ``start(host, port)`` binds."""
     from serving_pod.grpc.native import NativeGrpcServer
@@ -219,7 +221,8 @@ def create_native_server(
         (health_pb2.DESCRIPTOR.services_by_name["Health"], HealthService(engine)),
     ]
     return NativeGrpcServer(services, denied=denied, max_message_size=max_message_size,
-                            max_metadata_size=max_metadata_size, ssl_context=ssl_context)
+                            max_metadata_size=max_metadata_size, ssl_context=ssl_context, keepalive=keepalive,
+                            response_compression=response_compression)
 
 
 def create_server(
@@ -229,6 +232,8 @@ def create_server(
     restrictions: dict | None = None,
     max_message_size: int = INT32_MAX,
     max_metadata_size: int = 64 * 1024,
+    keepalive: Any = None,
+    response_compression: str = "none",
 ) -> grpc.aio.Server:
     """A grpc.aio server with the inference and health services (ports are added by the caller).
 
@@ -240,6 +245,17 @@ def create_server(
         ("grpc.max_metadata_size", max_metadata_size),
         *[o for o in SERVER_OPTIONS if not o[0].startswith("grpc.max_")],
     ]
+    if keepalive is not None:
+        options += [
+            ("grpc.keepalive_time_ms", keepalive.time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(keepalive.permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", keepalive.max_pings_without_data),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive.min_recv_ping_interval_without_data_ms),
+            ("grpc.http2.max_ping_strikes", keepalive.max_ping_strikes),
+        ]
+    if response_compression != "none":
+        options.append(("grpc.default_compression_level", {"low": 1, "med": 2, "high": 3}[response_compression]))
     interceptors = []
     if restrictions:
         from serving_pod.security import RestrictedGrpc

@@ -1,0 +1,242 @@
+"""Connection policies of the native gRPC front end: keepalive pings, client-ping policing and compressed responses.
+
+The policies follow tritonserver's flags (``--grpc-keepalive-*``, ``--grpc-http2-*``,
+``--grpc-infer-response-compression-level``) with gRPC core's semantics; a raw HTTP/2 client
+(``support.h2client``) sees the frames, tritonclient checks that real clients still work.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import time
+import zlib
+
+import h2.events
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+
+from serving_pod.cli import build_parser, options_from_args
+from serving_pod.grpc.native import response_compression
+from serving_pod.options import GrpcKeepalive
+from support.h2client import RawClient, grpc_frame, infer_request
+from support.server import ServerThread, make_options, test_model_config, write_model
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    path = tmp_path_factory.mktemp("policies")
+    write_model(path, "fp32", test_model_config("fp32"))
+    return path
+
+
+def _serve(repository, **server_options):
+    return ServerThread(make_options([repository], **server_options))
+
+
+def _pings(client: RawClient) -> list[h2.events.PingReceived]:
+    return [e for e in client.events if isinstance(e, h2.events.PingReceived)]
+
+
+def _infer_values(reply_data: bytes, compressed_with: bytes | None) -> list[float]:
+    flag, size = reply_data[0], struct.unpack(">I", reply_data[1:5])[0]
+    body = reply_data[5:5 + size]
+    assert flag == (1 if compressed_with else 0)
+    if compressed_with == b"gzip":
+        body = gzip.decompress(body)
+    elif compressed_with == b"deflate":
+        body = zlib.decompress(body)
+    response = pb.ModelInferResponse.FromString(body)
+    return np.frombuffer(response.raw_output_contents[0], np.float32).tolist()
+
+
+# -- keepalive --------------------------------------------------------------------------------------------
+
+
+def test_keepalive_pings_are_sent_and_an_answering_client_stays(repository):
+    policy = GrpcKeepalive(time_ms=100, timeout_ms=300, permit_without_calls=True, max_pings_without_data=0)
+    thread = _serve(repository, grpc_keepalive=policy)
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)  # h2 acknowledges pings by itself
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            client.sock.settimeout(deadline - time.monotonic())
+            try:
+                client.receive()
+            except TimeoutError:
+                break
+        assert len(_pings(client)) >= 3
+        assert client.terminated() is None and not client.eof
+        reply = client.call(client_body := grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))))
+        assert client_body and reply.status == 0 and reply.infer_output() == [1.0, 2.0, 3.0, 4.0]  # fp32 is an identity
+        client.close()
+    finally:
+        thread.stop()
+
+
+def test_keepalive_closes_a_connection_whose_peer_does_not_answer(repository):
+    policy = GrpcKeepalive(time_ms=100, timeout_ms=200, permit_without_calls=True)
+    thread = _serve(repository, grpc_keepalive=policy)
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        client.sock.settimeout(3)
+        # read raw bytes without answering the server's PING
+        received = b""
+        started = time.monotonic()
+        while chunk := client.sock.recv(65536):
+            received += chunk
+        elapsed = time.monotonic() - started
+        assert b"ferry-ka" in received  # the ping's payload went out
+        assert 0.2 <= elapsed < 2.0
+        client.close()
+        # the server goes on serving new connections
+        fresh = RawClient(handle.server.grpc_port)
+        assert fresh.call(grpc_frame(infer_request())).status == 0
+        fresh.close()
+    finally:
+        thread.stop()
+
+
+def test_no_keepalive_pings_without_calls_unless_permitted(repository):
+    policy = GrpcKeepalive(time_ms=50, timeout_ms=1000, permit_without_calls=False)
+    thread = _serve(repository, grpc_keepalive=policy)
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        client.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            client.receive()
+        assert _pings(client) == []
+        client.close()
+    finally:
+        thread.stop()
+
+
+# -- pings from the client --------------------------------------------------------------------------------
+
+
+def test_too_many_pings_without_data_get_goaway_enhance_your_calm(repository):
+    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=2))
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        for count in range(6):
+            client.conn.ping(f"ping-{count:03d}".encode()[:8])
+            client.flush()
+        client.sock.settimeout(3)
+        while not client.eof and client.terminated() is None:
+            client.receive()
+        terminated = client.terminated()
+        assert terminated is not None
+        assert terminated.error_code == 0xB  # ENHANCE_YOUR_CALM
+        assert terminated.additional_data == b"too_many_pings"
+        acks = [e for e in client.events if isinstance(e, h2.events.PingAckReceived)]
+        assert len(acks) == 3  # the first ping and two strikes are answered, the third strike is not
+        client.close()
+        assert RawClient(handle.server.grpc_port).call(grpc_frame(infer_request())).status == 0
+    finally:
+        thread.stop()
+
+
+def test_pings_between_responses_are_never_strikes(repository):
+    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=1))
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        for count in range(5):
+            client.conn.ping(f"p{count:07d}".encode())
+            client.flush()
+            assert client.call(grpc_frame(infer_request())).status == 0  # the server sent data: strikes reset
+        assert client.terminated() is None
+        client.close()
+    finally:
+        thread.stop()
+
+
+def test_strike_limit_zero_means_unlimited(repository):
+    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=0))
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        for count in range(10):
+            client.conn.ping(f"q{count:07d}".encode())
+        client.flush()
+        client.until(lambda: len([e for e in client.events if isinstance(e, h2.events.PingAckReceived)]) == 10)
+        assert client.terminated() is None
+        client.close()
+    finally:
+        thread.stop()
+
+
+# -- compressed responses ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("level", "accepted", "expected"), [
+    ("none", b"identity,deflate,gzip", None),
+    ("low", b"identity,deflate,gzip", b"gzip"),
+    ("med", b"identity,deflate,gzip", b"deflate"),
+    ("high", b"identity,deflate,gzip", b"deflate"),
+    ("high", b"identity,gzip", b"gzip"),
+    ("low", b"identity", None),
+    ("high", b"", None),
+])
+def test_compression_level_picks_among_accepted_algorithms(level, accepted, expected):
+    assert response_compression(level, accepted) == expected
+
+
+@pytest.mark.parametrize("level", ["low", "high"])
+def test_compressed_responses_on_the_wire_and_through_tritonclient(repository, level):
+    thread = _serve(repository, grpc_response_compression=level)
+    handle = thread.start()
+    try:
+        client = RawClient(handle.server.grpc_port)
+        reply = client.call(grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))),
+                            extra=((b"grpc-accept-encoding", b"identity,deflate,gzip"),))
+        algorithm = b"gzip" if level == "low" else b"deflate"
+        assert reply.status == 0 and reply.headers[b"grpc-encoding"] == algorithm
+        assert _infer_values(reply.data, algorithm) == [1.0, 2.0, 3.0, 4.0]  # fp32 is an identity
+        plain = client.call(grpc_frame(infer_request(values=(1.0, 1.0, 1.0, 1.0))))  # no grpc-accept-encoding sent
+        assert b"grpc-encoding" not in plain.headers
+        assert _infer_values(plain.data, None) == [1.0, 1.0, 1.0, 1.0]
+        client.close()
+        triton = grpcclient.InferenceServerClient(handle.grpc_url)
+        data = np.arange(4, dtype=np.float32).reshape(1, 4)
+        inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32")]
+        inputs[0].set_data_from_numpy(data)
+        assert triton.infer("fp32", inputs).as_numpy("OUTPUT0").tolist() == data.tolist()
+        triton.close()
+    finally:
+        thread.stop()
+
+
+# -- flags ------------------------------------------------------------------------------------------------
+
+
+def test_tritonserver_grpc_flags_reach_the_options():
+    parser = build_parser()
+    args = parser.parse_args([
+        "--grpc-keepalive-time=1000", "--grpc-keepalive-timeout=500", "--grpc-keepalive-permit-without-calls=true",
+        "--grpc-http2-max-pings-without-data=0", "--grpc-http2-min-recv-ping-interval-without-data=10",
+        "--grpc-http2-max-ping-strikes=5", "--grpc-infer-allocation-pool-size=16",
+        "--grpc-infer-response-compression-level=med",
+    ])
+    options = options_from_args(args, parser)
+    assert options.grpc_keepalive == GrpcKeepalive(1000, 500, True, 0, 10, 5)
+    assert options.grpc_response_compression == "med"
+    defaults = options_from_args(parser.parse_args([]), parser)
+    assert defaults.grpc_keepalive == GrpcKeepalive(7_200_000, 20_000, False, 2, 300_000, 2)
+
+
+@pytest.mark.parametrize("flag", [
+    "--grpc-keepalive-time=0", "--grpc-keepalive-timeout=-1", "--grpc-http2-max-ping-strikes=x",
+    "--grpc-infer-response-compression-level=max", "--grpc-keepalive-permit-without-calls=maybe",
+])
+def test_bad_grpc_flag_values_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([flag])
+    assert exit_info.value.code == 2
+    assert flag.split("=")[0] in capsys.readouterr().err
