@@ -22,6 +22,7 @@ from serving_pod.core.errors import (
     UnsupportedError,
 )
 from serving_pod import classification
+from serving_pod.core import outputs
 from serving_pod.core.registry import ModelRegistry
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
@@ -200,6 +201,16 @@ class Engine:
     # --- inference ---------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises ``ServerError``."""
+        model, plan, trace = self._admit(request)
+        response = await self._submit(model, request)
+        if response is not None and plan is not None:
+            outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)
+        if trace is not None:
+            self.tracer.finish(trace)
+        return response
+
+    def _admit(self, request: InferRequest) -> tuple[Any, outputs.OutputPlan | None, Any]:
+        """The model, output plan and trace of a request; refuses it (stats charged) when invalid."""
         if self.shutting_down:
             raise UnavailableError("Server is shutting down, not accepting new requests")
         request.arrival_ns = time.monotonic_ns()
@@ -212,16 +223,14 @@ class Engine:
             self.tracer.start(model.name, model.version_str, request.id, request.arrival_ns)
             if self.tracer.enabled else None
         )
-        outputs = request.outputs
-        shm_targets = class_counts = None
+        plan = None
         try:
             for tensor in request.inputs:
                 if tensor.parameters and "shared_memory_region" in tensor.parameters:
                     self.shm.read_inputs(request)  # before validation: it gives the tensors their data
                     break
-            if outputs:
-                shm_targets = self.shm.output_targets(outputs)
-                class_counts = classification.requested(outputs)
+            if request.outputs:
+                plan = outputs.plan_outputs(request.outputs, self.shm)
             model.validate(request)
         except ServerError:
             model.stats.record_failure(time.monotonic_ns() - request.arrival_ns, "REJECTED")
@@ -231,10 +240,14 @@ class Engine:
         request.model_version = model.version_str
         if request.cancelled is None:
             request.cancelled = CancelFlag()
+        return model, plan, trace
+
+    async def _submit(self, model: Any, request: InferRequest) -> InferResponse:
+        """Hand an admitted request to its model's scheduler, counting it in flight."""
         self._inflight += 1
         self._idle.clear()
         try:
-            response = await model.scheduler.submit(request)
+            return await model.scheduler.submit(request)
         except asyncio.CancelledError:
             request.cancelled.set()  # the client went away: a model still running can see it
             raise
@@ -242,20 +255,14 @@ class Engine:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
-        if response is not None and request.outputs:
-            wanted = {o.name for o in request.outputs}
-            if len(wanted) != len(response.outputs):
-                response.outputs = [t for t in response.outputs if t.name in wanted]
-            if class_counts:
-                classification.apply(response, class_counts, model, self.labels)
-            if shm_targets:
-                self.shm.write_outputs(response, shm_targets)
-        if trace is not None:
-            self.tracer.finish(trace)
-        return response
 
-    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """Responses of one request as they come (decoupled models send 0..N, others one)."""
+    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
+        """Responses of one request as they come (decoupled models send 0..N, others one).
+
+        Every streamed response gets the same output handling as a unary one (``outputs.finish``).
+        A response that fails it is yielded as its ``ServerError`` and the stream goes on, as
+        Triton sends a per-response error; an error from the model itself ends the stream (raised).
+        """
         model = self.registry.get(request.model_name, request.model_version)
         if not model.decoupled:
             yield await self.infer(request)
@@ -267,13 +274,13 @@ class Engine:
             loop.call_soon_threadsafe(queue.put_nowait, (item, final))
 
         request.responder = responder
-        if request.cancelled is None:
-            request.cancelled = CancelFlag()
-        task = asyncio.create_task(self.infer(request))
+        # refused here (validation, shared memory...) before the model sees it: the error ends the stream
+        model, plan, trace = self._admit(request)
+        task = asyncio.create_task(self._execute_decoupled(model, request, trace))
 
         def failed(done: asyncio.Task) -> None:
-            # a request refused before the model saw it (validation, unknown sequence...) has no
-            # responder call: its error ends the stream instead
+            # a request refused by the scheduler (unknown sequence...) has no responder call: its
+            # error ends the stream instead
             if not done.cancelled() and done.exception() is not None:
                 error = done.exception()
                 if not isinstance(error, ServerError):
@@ -290,8 +297,16 @@ class Engine:
                     raise item
                 if item is not None:
                     item.final = final
-                    yield item
-                elif final:
+                    if plan is not None:
+                        try:
+                            outputs.finish(item, plan, model, labels=self.labels, shm=self.shm)
+                        except ServerError as error:
+                            yield error
+                            item = None
+                    if item is not None:
+                        yield item
+                        continue
+                if final:
                     yield InferResponse(request.model_name, model.version_str, [], request.id, final=True)
             try:
                 await task  # the execution itself may end after its final response
@@ -303,6 +318,11 @@ class Engine:
             if not task.done():
                 task.cancel()
 
+    async def _execute_decoupled(self, model: Any, request: InferRequest, trace: Any) -> None:
+        await self._submit(model, request)
+        if trace is not None:
+            self.tracer.finish(trace)
+
     def infer_from_thread(self, request: InferRequest) -> InferResponse:
         """Blocking inference from a model instance thread (python BLS)."""
         assert self.loop is not None
@@ -310,7 +330,11 @@ class Engine:
         return asyncio.run_coroutine_threadsafe(self.infer(request), self.loop).result()
 
     def stream_from_thread(self, request: InferRequest):
-        """Blocking iterator of a decoupled model's responses, from an instance thread (BLS)."""
+        """Blocking iterator of a decoupled model's responses, from an instance thread (BLS).
+
+        Any error ends the iteration (raised), one response's included: BLS outputs carry no
+        classification or shared-memory parameters, so ``stream_infer`` yields none here.
+        """
         assert self.loop is not None
         self._refuse_on_loop_thread()
         import queue as queue_module

@@ -35,6 +35,16 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
     await context.abort(grpc_code(error), error.message)
 
 
+def _stream_error(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
+    """The stream message that carries ``error`` for one request (or one of its responses)."""
+    return pb.ModelStreamInferResponse(
+        error_message=error.message,
+        infer_response=pb.ModelInferResponse(
+            model_name=message.model_name, model_version=message.model_version, id=message.id
+        ),
+    )
+
+
 class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceServicer):
     """Triton's inference service on top of the engine."""
 
@@ -104,6 +114,9 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 infer_request = decode_infer_request(message)
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.engine.stream_infer(infer_request):
+                    if isinstance(response, ServerError):  # this response failed; the request goes on
+                        await queue.put(_stream_error(message, response))
+                        continue
                     decoupled = infer_request.responder is not None
                     if not response.outputs and response.final and not enable_empty and decoupled:
                         continue
@@ -112,12 +125,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                         encoded.parameters["triton_final_response"].bool_param = response.final
                     await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
             except ServerError as error:
-                await queue.put(pb.ModelStreamInferResponse(
-                    error_message=error.message,
-                    infer_response=pb.ModelInferResponse(
-                        model_name=message.model_name, model_version=message.model_version, id=message.id
-                    ),
-                ))
+                await queue.put(_stream_error(message, error))
 
         async def reader() -> None:
             try:

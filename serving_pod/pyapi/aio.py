@@ -17,6 +17,7 @@ import numpy as np
 
 from serving_pod.core.datatypes import wire_datatype
 from serving_pod.core.engine import Engine as CoreEngine, EngineOptions
+from serving_pod.core.errors import ServerError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor as WireTensor
 from serving_pod.pyapi.binding import Bindings
 from serving_pod.pyapi.config import BoundModel, ModelConfig, Tensor
@@ -195,6 +196,8 @@ class AsyncEngine:
         """The responses of a decoupled model as they come (one response for other models)."""
         request = to_request(self.core, model_name, inputs, version, outputs, parameters, request_id)
         async for response in self.core.stream_infer(request):
+            if isinstance(response, ServerError):  # one response failed after the model sent it
+                raise response
             if response.outputs or not response.final:
                 yield from_response(response)
 
