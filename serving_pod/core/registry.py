@@ -2,7 +2,9 @@
 
 The registry asks the repository what exists, prepares configs and creates instances on a loader
 thread (the event loop keeps serving), then swaps new versions in atomically. A failed reload keeps
-the previous versions serving. Unloading drains a version's scheduler before finalizing its instances.
+the previous versions serving, and a failed (re)load leaves nothing behind: the instances it made
+are finalized and the versions it assembled leave the rate limiter. Unloading drains a version's
+scheduler before finalizing its instances.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.repository.repository import ModelRepository, ModelSource
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.rate_limiter import unregister_pool
 from serving_pod.warmup import warm_up
 
 log = logging.getLogger("ferry.registry")
@@ -177,16 +180,18 @@ class ModelRegistry:
                     state.state, state.reason = LOADING, ""
             start = time.monotonic()
             built: list[tuple[mc.ModelConfig, int, Any]] = []
+            models: list[Model] = []
             try:
                 built = await asyncio.to_thread(self._build, name, model_dir, config_override)
                 if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
                     await self._prepare_ensemble(built[0][0])
                 duration = time.monotonic() - start
-                models = [
-                    self._assemble(config, version, pools, duration, model_dir=model_dir)
-                    for config, version, pools in built
-                ]
+                for config, version, pools in built:
+                    models.append(self._assemble(config, version, pools, duration, model_dir=model_dir))
             except Exception as exc:
+                # versions assembled before the failing one joined the rate limiter: none of them serves
+                for model in models:
+                    unregister_pool(model.pool)
                 await asyncio.to_thread(_close_instances, built)  # a scheduler may refuse the config
                 error = exc if isinstance(exc, ServerError) else ModelLoadError(
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"

@@ -1,4 +1,8 @@
-"""Wires each model version to its scheduling policy, explicitly, from its config."""
+"""Wires each model version to its scheduling policy, explicitly, from its config.
+
+A pool joins the engine's rate limiter before its scheduler is built; a scheduler that refuses the
+config afterwards takes the pool back out of the limiter, so a failed load leaves no demands behind.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from serving_pod.schedulers.base import Scheduler
 from serving_pod.schedulers.default import DefaultScheduler
 from serving_pod.schedulers.dynamic import DynamicScheduler
 from serving_pod.schedulers.instances import InstancePool
-from serving_pod.schedulers.rate_limiter import rate_limited_pool
+from serving_pod.schedulers.rate_limiter import rate_limited_pool, unregister_pool
 
 
 def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> Scheduler:
@@ -20,7 +24,16 @@ def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> S
 
         return EnsembleScheduler(model, engine=engine)
     assert pool is not None
-    pool = rate_limited_pool(model, pool, engine)  # the pool itself when --rate-limit=off
+    limited = rate_limited_pool(model, pool, engine)  # the pool itself when --rate-limit=off
+    try:
+        return _instance_scheduler(model, limited, engine)
+    except BaseException:
+        unregister_pool(limited)
+        raise
+
+
+def _instance_scheduler(model: Any, pool: Any, engine: Any) -> Scheduler:
+    config = model.config
     if config.HasField("sequence_batching"):
         from serving_pod.schedulers.sequence import SequenceScheduler
 

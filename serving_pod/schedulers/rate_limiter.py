@@ -14,6 +14,10 @@ Semantics (Triton's rate_limiter.md):
   sets them explicitly (an instance needing more than that fails to load);
 - when resources are freed, waiting model instances are served by ``priority`` x executions so
   far (lower first): priority 2 gets half the turns of priority 1.
+
+A pool's instances stay registered until the pool is closed (unload) or, for a model version that
+fails to load after registering, until the registry calls ``unregister_pool``: a failed load leaves
+no demands behind to inflate the default capacities.
 """
 
 from __future__ import annotations
@@ -98,6 +102,12 @@ class RateLimiter:
             counts = self._demands.get(key)
             if counts and count in counts:
                 counts.remove(count)
+                if not counts:
+                    del self._demands[key]
+
+    def registrations(self) -> dict[Key, tuple[int, ...]]:
+        """What every registered instance needs, by resource: the accounting behind default capacities."""
+        return {key: tuple(sorted(counts)) for key, counts in self._demands.items()}
 
     def in_use(self, key: Key) -> int:
         return self._in_use.get(key, 0)
@@ -134,6 +144,7 @@ class RateLimitedPool:
         self.demands = demands
         self.priority = min((d.priority for d in demands), default=1)
         self.exec_count = 0
+        self._registered = True
         self._idle: deque[int] = deque(range(len(inner)))
         self._waiters: deque[asyncio.Future] = deque()
         self._listeners: list[Callable[[], None]] = []
@@ -207,9 +218,15 @@ class RateLimitedPool:
                 callback()
         return bool(self._waiters or self._listeners)
 
+    def unregister(self) -> None:
+        """Take this pool's instances out of the limiter's accounting (once; later calls do nothing)."""
+        if self._registered:
+            self._registered = False
+            for demand in self.demands:
+                self.limiter.unregister(demand)
+
     def close(self) -> None:
-        for demand in self.demands:
-            self.limiter.unregister(demand)
+        self.unregister()
         self.inner.close()
 
 
@@ -244,6 +261,12 @@ def limiter_for(engine: Any) -> RateLimiter | None:
         settings = tuple(parse_resource(value) for value in options.rate_limit_resources)
         limiter = _limiters[engine] = RateLimiter(settings)
     return limiter
+
+
+def unregister_pool(pool: Any) -> None:
+    """Undo ``rate_limited_pool``'s registration of a pool whose model version will never serve."""
+    if isinstance(pool, RateLimitedPool):
+        pool.unregister()
 
 
 def rate_limited_pool(model: Any, pool: InstancePool, engine: Any) -> Any:
