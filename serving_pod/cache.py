@@ -1,6 +1,7 @@
 """Triton's response cache (``--cache-config local,size=<bytes>``): answers repeated requests without executing.
 
-Neighbours: ``schedulers.factory`` wraps the scheduler of every model with
+Neighbours: ``schedulers.factory`` refuses configs the cache cannot serve (``refuse_unsupported``)
+and wraps the scheduler of every default, dynamic-batching or ensemble model with
 ``response_cache { enable: true }`` in a ``CachingScheduler`` when the engine has a cache
 (``cache_for``); the engine and the protocol adapters are unaware of it.
 
@@ -8,8 +9,12 @@ Neighbours: ``schedulers.factory`` wraps the scheduler of every model with
   output tensors plus their keys; an entry larger than the whole cache is not stored.
 - Key: a BLAKE2b digest of model name, version, every input (name, datatype, shape, bytes) and the
   requested outputs with their parameters.
-- Only successful responses are stored; decoupled models cannot enable it (load error) and the
-  sequence batcher never uses it.
+- Only successful responses are stored. Decoupled and sequence-batching models cannot enable it
+  (load error, Triton's message).
+- Ensembles (Triton's top-level ensemble caching): the ensemble's final response is cached under
+  the ensemble's name and version; a hit runs no composing model. An ensemble with a sequence
+  composing model (at any depth) inherits that model's limitation, as Triton's docs say: it loads,
+  with a warning, and is not cached. (A decoupled composing model is refused by the ensemble loader.)
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no
   queue or compute time; every miss adds lookup plus insert time to ``cache_miss``.
 
@@ -19,6 +24,7 @@ Runs on the event loop thread only, so no locks.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import weakref
 from collections import OrderedDict
@@ -26,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.errors import ModelLoadError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
+
+log = logging.getLogger("ferry.cache")
 
 #: bytes charged per entry on top of its tensors (key, bookkeeping), so tiny entries still count.
 ENTRY_OVERHEAD = 128
@@ -169,17 +177,54 @@ def cache_for(engine: Any) -> ResponseCache | None:
     return _caches[engine]
 
 
+def refuse_unsupported(config: Any) -> None:
+    """Triton's load errors for a model that enables the cache but cannot use it (decoupled, sequence)."""
+    if not config.response_cache.enable:
+        return
+    if config.model_transaction_policy.decoupled:
+        raise ModelLoadError(
+            f"Response Cache does not currently support model '{config.name}' with 'decoupled' "
+            "transaction policy. Please disable the response cache."
+        )
+    if config.HasField("sequence_batching"):
+        raise ModelLoadError(
+            f"Response Cache does not currently support model '{config.name}' with sequence batching "
+            "scheduler. Please disable the response cache."
+        )
+
+
+def sequence_step(config: Any, registry: Any) -> str | None:
+    """The first composing model of an ensemble (nested ensembles included) that uses the sequence batcher."""
+    for step in config.ensemble_scheduling.step:
+        version = "" if step.model_version <= 0 else str(step.model_version)
+        try:
+            composing = registry.get(step.model_name, version).config
+        except ServerError:  # validated at load; a model gone since cannot be run either
+            continue
+        if composing.HasField("sequence_batching"):
+            return step.model_name
+        if composing.platform == "ensemble":
+            inner = sequence_step(composing, registry)
+            if inner is not None:
+                return inner
+    return None
+
+
 def with_response_cache(model: Any, scheduler: Any, engine: Any) -> Any:
     """``scheduler`` behind the engine's cache when the model enables it, else ``scheduler``."""
     config = model.config
     if not config.response_cache.enable:
         return scheduler
-    if config.model_transaction_policy.decoupled:
-        raise ModelLoadError(
-            f"Response Cache does not currently support model '{config.name}' with 'decoupled' "
-            "transaction policy"
-        )
+    refuse_unsupported(config)
     cache = cache_for(engine)
     if cache is None:
         return scheduler
+    if config.platform == "ensemble":
+        stateful = sequence_step(config, engine.registry)
+        if stateful is not None:
+            log.warning(
+                "Response Cache is not used for ensemble '%s': composing model '%s' uses the sequence "
+                "batching scheduler, which the response cache does not support", config.name, stateful,
+            )
+            return scheduler
     return CachingScheduler(scheduler, cache, model.stats)

@@ -1,14 +1,15 @@
 """Wires each model version to its scheduling policy, explicitly, from its config.
 
-A pool joins the engine's rate limiter before its scheduler is built; a scheduler that refuses the
-config afterwards takes the pool back out of the limiter, so a failed load leaves no demands behind.
+Order matters for what a failed load leaves behind: config-level refusals (the response cache on a
+decoupled or sequence model) come first, then the pool joins the engine's rate limiter, and a
+scheduler that refuses the config afterwards takes the pool back out of the limiter.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from serving_pod.cache import with_response_cache
+from serving_pod.cache import refuse_unsupported, with_response_cache
 from serving_pod.schedulers.base import Scheduler
 from serving_pod.schedulers.default import DefaultScheduler
 from serving_pod.schedulers.dynamic import DynamicScheduler
@@ -19,10 +20,11 @@ from serving_pod.schedulers.rate_limiter import rate_limited_pool, unregister_po
 def create_scheduler(model: Any, pool: InstancePool | None, *, engine: Any) -> Scheduler:
     """The scheduler for ``model``: ensemble, sequence, dynamic or default, as its config says."""
     config = model.config
+    refuse_unsupported(config)
     if config.platform == "ensemble":
         from serving_pod.schedulers.ensemble import EnsembleScheduler
 
-        return EnsembleScheduler(model, engine=engine)
+        return with_response_cache(model, EnsembleScheduler(model, engine=engine), engine)
     assert pool is not None
     limited = rate_limited_pool(model, pool, engine)  # the pool itself when --rate-limit=off
     try:

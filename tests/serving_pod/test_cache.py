@@ -1,4 +1,4 @@
-"""The response cache: keys, LRU by bytes, and hits that skip execution in a real server."""
+"""The response cache: keys, LRU by bytes, hits that skip execution in a real server, ensembles, refused configs."""
 
 from __future__ import annotations
 
@@ -181,3 +181,141 @@ def test_cache_flags() -> None:
     for bad in ("redis,host=x", "local", "local,size=big"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--cache-config", bad])
+
+
+# --- ensembles (Triton's top-level ensemble caching) -----------------------------------------
+def ensemble_config(
+    name: str, steps: list[str], *, cache: bool = True, extra: str = "", ports: tuple[str, str] = ("INPUT0", "OUTPUT0")
+) -> str:
+    """An ensemble IN -> steps[0] -> ... -> steps[-1] -> OUT; each step reads ``ports[0]``, writes ``ports[1]``."""
+    tensors = ["IN"] + [f"t{index}" for index in range(len(steps) - 1)] + ["OUT"]
+    step_text = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1 input_map {{ key: "{ports[0]}" value: "{tensors[index]}" }} '
+        f'output_map {{ key: "{ports[1]}" value: "{tensors[index + 1]}" }} }}'
+        for index, model in enumerate(steps)
+    )
+    return f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {step_text} ] }}
+response_cache {{ enable: {str(cache).lower()} }}
+{extra}
+"""
+
+
+def ensemble_repo(repository: Path, *, cache: bool = True) -> None:
+    for name in ("step_a", "step_b"):
+        write_model(repository, name, test_model_config(name))
+    write_model(repository, "ens", ensemble_config("ens", ["step_a", "step_b"], cache=cache))
+
+
+def ensemble_infer(handle: ServerHandle, protocol: str, value: float, model: str = "ens", **kwargs):
+    client, module = handle.client(protocol), handle.module(protocol)
+    tensor = module.InferInput("IN", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    return client.infer(model, [tensor], **kwargs).as_numpy("OUT").tolist()
+
+
+def wire_stats(handle: ServerHandle, protocol: str, model: str) -> dict:
+    """``model_stats[0]`` as tritonclient returns it over ``protocol`` (counts as ints)."""
+    client = handle.client(protocol)
+    if protocol == "http":
+        stats = client.get_inference_statistics(model)
+    else:
+        stats = client.get_inference_statistics(model, as_json=True)
+    entry = stats["model_stats"][0]
+    inference = entry["inference_stats"]
+    return {
+        "execution_count": int(entry.get("execution_count", 0)),
+        **{key: int(inference[key].get("count", 0)) for key in ("success", "cache_hit", "cache_miss")},
+    }
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+async def test_ensemble_top_level_hits_skip_the_composing_models(tmp_path: Path, server_factory, protocol: str) -> None:
+    ensemble_repo(tmp_path)
+    handle = await server_factory([tmp_path], cache_config=CACHE)
+    first = await in_thread(ensemble_infer, handle, protocol, 5.0)
+    second = await in_thread(ensemble_infer, handle, protocol, 5.0)
+    assert first == second == [[5.0] * 4]
+    assert await in_thread(ensemble_infer, handle, protocol, 6.0) == [[6.0] * 4]  # other inputs: a miss
+    stats = await in_thread(wire_stats, handle, protocol, "ens")
+    assert (stats["cache_hit"], stats["cache_miss"], stats["success"]) == (1, 2, 3)
+    for step in ("step_a", "step_b"):  # the hit ran no composing model
+        step_stats = await in_thread(wire_stats, handle, protocol, step)
+        assert (step_stats["execution_count"], step_stats["cache_hit"], step_stats["success"]) == (2, 0, 2)
+    text = (await in_thread(lambda: urllib.request.urlopen(handle.metrics_url).read())).decode()
+    assert 'nv_cache_num_hits_per_model{model="ens",version="1"} 1' in text
+    assert 'nv_cache_num_misses_per_model{model="ens",version="1"} 2' in text
+
+
+async def test_ensemble_without_cache_enabled_always_runs_its_steps(tmp_path: Path, server_factory) -> None:
+    ensemble_repo(tmp_path, cache=False)
+    handle = await server_factory([tmp_path], cache_config=CACHE)
+    for _ in range(2):
+        await in_thread(ensemble_infer, handle, "http", 5.0)
+    assert (await in_thread(wire_stats, handle, "http", "ens"))["cache_hit"] == 0
+    assert (await in_thread(wire_stats, handle, "http", "step_a"))["execution_count"] == 2
+
+
+async def test_ensemble_cache_key_is_the_ensembles_own(tmp_path: Path, server_factory) -> None:
+    """A composing model with its own cache keeps a separate entry: the ensemble's hit is the ensemble's."""
+    write_model(tmp_path, "step_a", test_model_config("step_a", extra="response_cache { enable: true }"))
+    write_model(tmp_path, "step_b", test_model_config("step_b"))
+    write_model(tmp_path, "ens", ensemble_config("ens", ["step_a", "step_b"]))
+    handle = await server_factory([tmp_path], cache_config=CACHE)
+    engine = handle.engine
+    data = np.full((1, 4), 2.0, np.float32)
+    for _ in range(2):
+        await engine.infer(InferRequest("ens", "", [Tensor("IN", "FP32", data)]))
+    ens, step_a = engine.registry.get("ens").stats, engine.registry.get("step_a").stats
+    assert (ens.cache_hit.count, ens.cache_miss.count) == (1, 1)
+    assert (step_a.cache_hit.count, step_a.cache_miss.count, step_a.execution_count) == (0, 1, 1)
+    # the composing model asked directly as the ensemble's step asks it: its own entry, a hit for it
+    await engine.infer(InferRequest("step_a", "", [Tensor("INPUT0", "FP32", data)], [RequestedOutput("OUTPUT0")]))
+    assert (step_a.cache_hit.count, ens.cache_hit.count) == (1, 1)
+
+
+async def test_ensemble_with_a_sequence_step_is_not_cached(tmp_path: Path, server_factory, caplog) -> None:
+    sequence = test_model_config("seq_step", extra="sequence_batching { }")
+    write_model(tmp_path, "seq_step", sequence)
+    write_model(tmp_path, "inner", ensemble_config("inner", ["seq_step"], cache=False))
+    # the sequence step is one level down
+    write_model(tmp_path, "ens", ensemble_config("ens", ["inner"], ports=("IN", "OUT")))
+    with caplog.at_level("WARNING", logger="ferry.cache"):
+        handle = await server_factory([tmp_path], cache_config=CACHE)
+    assert handle.engine.model_ready("ens")
+    assert "Response Cache is not used for ensemble 'ens': composing model 'seq_step' uses the sequence" in caplog.text
+    for _ in range(2):
+        await in_thread(lambda: ensemble_infer(
+            handle, "grpc", 1.0, "ens", sequence_id=7, sequence_start=True, sequence_end=True
+        ))
+    stats = await in_thread(wire_stats, handle, "grpc", "ens")
+    assert (stats["cache_hit"], stats["cache_miss"], stats["success"]) == (0, 0, 2)
+    assert (await in_thread(wire_stats, handle, "grpc", "seq_step"))["execution_count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "message"),
+    [
+        ("dec_ens", ensemble_config("dec_ens", ["step_a"], extra="model_transaction_policy { decoupled: true }"),
+         "Response Cache does not currently support model 'dec_ens' with 'decoupled' transaction policy. "
+         "Please disable the response cache."),
+        ("seq_cached", test_model_config("seq_cached", extra="sequence_batching { }\nresponse_cache { enable: true }"),
+         "Response Cache does not currently support model 'seq_cached' with sequence batching scheduler. "
+         "Please disable the response cache."),
+    ],
+)
+async def test_decoupled_ensembles_and_sequence_models_cannot_enable_the_cache(
+    tmp_path: Path, server_factory, name: str, config: str, message: str
+) -> None:
+    write_model(tmp_path, "step_a", test_model_config("step_a"))
+    write_model(tmp_path, name, config)
+    handle = await server_factory([tmp_path], cache_config=CACHE, model_control_mode="explicit")
+    with pytest.raises(ModelLoadError) as error:
+        await handle.engine.load_model(name)
+    assert str(error.value) == message
+    assert not handle.engine.model_ready(name)
