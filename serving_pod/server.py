@@ -27,10 +27,14 @@ from serving_pod.options import ServerOptions
 log = logging.getLogger("ferry.server")
 
 
-def bind_socket(address: str, port: int) -> socket.socket:
+def bind_socket(address: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound TCP socket; ``reuse_port`` lets other processes bind the same port (the kernel spreads
+    connections over them: ``--http-workers``)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     # accepted connections inherit it: small responses must not wait for delayed ACKs (Nagle)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((address, port))
@@ -137,7 +141,7 @@ class FerryServer:
         """Open the endpoints, then load the models (live at once, ready when loading is done)."""
         options = self.options
         if options.allow_http:
-            sock = bind_socket(options.http_address, options.http_port)
+            sock = bind_socket(options.http_address, options.http_port, reuse_port=options.http_workers > 1)
             self.http_port = sock.getsockname()[1]
             app = create_app(
                 self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions
@@ -145,13 +149,14 @@ class FerryServer:
             self._http = _uvicorn(app, **http_transport(options))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
             if options.http_workers > 1:
-                # extra protocol processes accept on the same socket and forward to this app and engine
+                # extra protocol processes accept on the same port and forward to this app and engine
                 from serving_pod.http import workers
 
-                self._bridge = workers.Bridge(app)
+                self._bridge = workers.Bridge(app, self.engine)
                 await self._bridge.start()
                 self._workers = workers.spawn_workers(
-                    options.http_workers - 1, sock, self._bridge.path, options.http_max_input_size
+                    options.http_workers - 1, options.http_address, self.http_port, self._bridge.path,
+                    options.http_max_input_size, options.http_restrictions,
                 )
         if options.allow_grpc and options.grpc_server == "native":
             from serving_pod.grpc.native import server_ssl_context

@@ -1,42 +1,142 @@
 """HTTP protocol worker processes sharing the one engine (``--http-workers N``).
 
-The server process keeps the engine and the whole HTTP application. Each extra worker process accepts
-connections on the same listening socket (inherited file descriptor), parses HTTP with uvicorn/httptools,
-and forwards every request, as plain (method, path, query, headers, body) values, over one multiplexed
-Unix-socket connection to the server process, which runs it through the same ASGI application and sends
-back (status, headers, body). So routes, validation, statistics and model control stay in one place,
-while connection handling and HTTP parsing use other cores.
+The server process keeps the engine and the whole HTTP application. Each extra worker process listens on
+the same port (SO_REUSEPORT: the kernel spreads new connections over the processes) and parses HTTP itself. Inference
+requests run through the worker's own ``InferEndpoint`` (body decoding, validation of the wire format,
+response encoding and compression all happen in the worker); only the decoded request crosses a Unix
+socket to the server process, which runs ``engine.infer`` and sends the domain response back. Every
+other route is forwarded as plain (method, path, query, headers, body) values and runs through the
+server's application. So statistics, model control and scheduling stay in one place, while the protocol
+work, the larger part of a small model's request, uses other cores.
 
-Frames on the Unix socket: 4-byte little-endian length, then a pickle of a tuple. Only the server's own
-workers connect (the socket lives in a private temporary directory).
+Frames on the Unix socket: 4-byte little-endian length, then a pickle of ``(key, kind, payload)``. Tensors
+travel as raw bytes inside tuples (``request_to_wire`` ...), several times cheaper than pickling the
+dataclasses; frames written in one loop iteration leave in one write. Only the server's own workers
+connect (the socket lives in a private temporary directory).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
 from typing import Any, Callable
 
+import numpy as np
+
+from serving_pod.core.errors import InternalError, ServerError
+from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+
 log = logging.getLogger("ferry.http.workers")
 
 _LEN = struct.Struct("<I")
+INFER, ASGI = 0, 1
+OK, ERROR = 0, 1
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Any:
-    (size,) = _LEN.unpack(await reader.readexactly(4))
-    return pickle.loads(await reader.readexactly(size))
+# -- the wire form of requests and responses ----------------------------------------------------------
 
 
-def _frame(value: Any) -> bytes:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(data)) + data
+def _tensors_to_wire(tensors: list[Tensor]) -> list[tuple]:
+    out = []
+    for tensor in tensors:
+        data = tensor.data
+        if data.dtype.hasobject:  # BYTES: the object array itself
+            out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters))
+        else:
+            out.append((tensor.name, tensor.datatype, data.tobytes(), data.dtype.str, data.shape, tensor.parameters))
+    return out
+
+
+def _tensors_from_wire(items: list[tuple]) -> list[Tensor]:
+    tensors = []
+    for name, datatype, data, dtype, shape, parameters in items:
+        if dtype is not None:
+            data = np.frombuffer(data, dtype).reshape(shape)
+        tensors.append(Tensor(name, datatype, data, parameters))
+    return tensors
+
+
+def request_to_wire(request: InferRequest) -> tuple:
+    outputs = None if request.outputs is None else [(o.name, o.parameters) for o in request.outputs]
+    return (request.model_name, request.model_version, request.id, request.parameters,
+            _tensors_to_wire(request.inputs), outputs)
+
+
+def request_from_wire(wire: tuple) -> InferRequest:
+    model, version, request_id, parameters, inputs, outputs = wire
+    return InferRequest(
+        model, version, _tensors_from_wire(inputs),
+        None if outputs is None else [RequestedOutput(name, params) for name, params in outputs],
+        request_id, parameters,
+    )
+
+
+def response_to_wire(response: InferResponse) -> tuple:
+    return (response.model_name, response.model_version, response.id, response.parameters,
+            _tensors_to_wire(response.outputs), response.final)
+
+
+def response_from_wire(wire: tuple) -> InferResponse:
+    model, version, response_id, parameters, outputs, final = wire
+    return InferResponse(model, version, _tensors_from_wire(outputs), response_id, parameters, final)
+
+
+# -- framing ------------------------------------------------------------------------------------------
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Length-prefixed pickled frames over a stream; ``send`` batches the frames of one loop iteration."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._pending: list[bytes] = []
+        self.closed = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        position, end = 0, len(buffer)
+        while end - position >= 4:
+            (size,) = _LEN.unpack_from(buffer, position)
+            if end - position - 4 < size:
+                break
+            frame = pickle.loads(memoryview(buffer)[position + 4 : position + 4 + size])
+            position += 4 + size
+            self.frame_received(frame)
+        del buffer[:position]
+
+    def frame_received(self, frame: Any) -> None:
+        raise NotImplementedError
+
+    def send(self, frame: Any) -> None:
+        if self.closed or self.transport is None:
+            return
+        data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending.append(_LEN.pack(len(data)) + data)
+        if len(self._pending) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self.closed and self.transport is not None:
+            self.transport.write(b"".join(pending))
+
+
+# -- the server process's side ------------------------------------------------------------------------
 
 
 async def run_asgi(app: Callable, request: tuple) -> tuple[int, list, bytes]:
@@ -69,46 +169,54 @@ async def run_asgi(app: Callable, request: tuple) -> tuple[int, list, bytes]:
     return status, out_headers, b"".join(chunks)
 
 
-class Bridge:
-    """Server side: a Unix socket on which workers' requests run through the server's application."""
+class _BridgeConnection(FrameProtocol):
+    """One worker's connection: runs its inference requests on the engine and its other routes on the app."""
 
-    def __init__(self, app: Callable) -> None:
+    def __init__(self, bridge: "Bridge") -> None:
+        super().__init__()
+        self.bridge = bridge
+
+    def frame_received(self, frame: Any) -> None:
+        key, kind, payload = frame
+        task = asyncio.get_running_loop().create_task(self._answer(key, kind, payload))
+        self.bridge.tasks.add(task)
+        task.add_done_callback(self.bridge.tasks.discard)
+
+    async def _answer(self, key: int, kind: int, payload: Any) -> None:
+        try:
+            if kind == INFER:
+                result: Any = response_to_wire(await self.bridge.engine.infer(request_from_wire(payload)))
+            else:
+                result = await run_asgi(self.bridge.app, payload)
+            self.send((key, OK, result))
+        except ServerError as error:
+            self.send((key, ERROR, error))
+        except Exception as exc:  # the application maps its errors itself; this is a last resort
+            log.exception("forwarded request failed")
+            self.send((key, ERROR, InternalError(f"{type(exc).__name__}: {exc}")))
+
+
+class Bridge:
+    """Server side: a Unix socket on which workers' requests reach the engine and the application."""
+
+    def __init__(self, app: Callable, engine: Any) -> None:
         self.app = app
+        self.engine = engine
         self.directory = tempfile.mkdtemp(prefix="ferry-http-")
         self.path = os.path.join(self.directory, "bridge.sock")
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _BridgeConnection(self), path=self.path)
         os.chmod(self.path, 0o600)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                key, request = await _read_frame(reader)
-                task = asyncio.create_task(self._answer(key, request, writer))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def _answer(self, key: int, request: tuple, writer: asyncio.StreamWriter) -> None:
-        try:
-            result = await run_asgi(self.app, request)
-        except Exception as exc:  # the application maps errors itself; this is a last resort
-            log.exception("forwarded request failed")
-            result = (500, [(b"content-type", b"application/json")], b'{"error": "%s"}' % str(exc).encode())
-        if not writer.is_closing():
-            writer.write(_frame((key, result)))
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._tasks):
+        for task in list(self.tasks):
             task.cancel()
         try:
             os.unlink(self.path)
@@ -117,43 +225,83 @@ class Bridge:
             pass
 
 
-class ForwardingApp:
-    """Worker side: an ASGI app that sends each request to the server process and relays the answer."""
+# -- the worker's side --------------------------------------------------------------------------------
 
-    def __init__(self, bridge_path: str, max_input_size: int) -> None:
-        self.bridge_path = bridge_path
-        self.max_input_size = max_input_size
-        self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future] = {}
+
+class BridgeClient(FrameProtocol):
+    """Worker side of the bridge: ``call`` sends one request and waits for its answer."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self._pending_calls: dict[int, asyncio.Future] = {}
         self._next = 0
         self._connecting: asyncio.Lock | None = None
 
-    async def _connect(self) -> asyncio.StreamWriter:
+    async def call(self, kind: int, payload: Any) -> Any:
+        """The answer's payload; raises the ``ServerError`` the server answered, or ConnectionError."""
+        if self.transport is None or self.closed:
+            await self._connect()
+        self._next += 1
+        key = self._next
+        future = asyncio.get_running_loop().create_future()
+        self._pending_calls[key] = future
+        self.send((key, kind, payload))
+        status, result = await future
+        if status == ERROR:
+            raise result
+        return result
+
+    async def _connect(self) -> None:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._writer is None or self._writer.is_closing():
-                reader, self._writer = await asyncio.open_unix_connection(self.bridge_path)
-                asyncio.get_running_loop().create_task(self._read(reader))
-        return self._writer
+            if self.transport is None or self.closed:
+                self.closed = False
+                self._buffer.clear()
+                await asyncio.get_running_loop().create_unix_connection(lambda: self, self.path)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    def frame_received(self, frame: Any) -> None:
+        key, status, result = frame
+        future = self._pending_calls.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result((status, result))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.transport = None
+        calls, self._pending_calls = self._pending_calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(ConnectionError("the server process closed the bridge"))
+
+
+class RemoteEngine:
+    """The engine as a worker sees it: ``infer`` runs in the server process."""
+
+    def __init__(self, client: BridgeClient) -> None:
+        self.client = client
+
+    async def infer(self, request: InferRequest) -> InferResponse:
         try:
-            while True:
-                key, result = await _read_frame(reader)
-                future = self._pending.pop(key, None)
-                if future is not None and not future.done():
-                    future.set_result(result)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionError("the server process closed the bridge"))
-            self._pending.clear()
+            wire = await self.client.call(INFER, request_to_wire(request))
+        except (ConnectionError, OSError) as exc:
+            from serving_pod.core.errors import UnavailableError
+
+            raise UnavailableError(f"server process unavailable: {exc}") from None
+        return response_from_wire(wire)
+
+
+class ForwardingApp:
+    """Worker side: an ASGI app that sends each (non-inference) request to the server process."""
+
+    def __init__(self, client: BridgeClient, max_input_size: int) -> None:
+        self.client = client
+        self.max_input_size = max_input_size
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return
-        from serving_pod.core.errors import ServerError
         from serving_pod.http.responses import error_body, read_body, send_response
 
         try:  # bounded here too, so a worker never buffers more than the server would accept
@@ -166,13 +314,10 @@ class ForwardingApp:
                    [(bytes(k), bytes(v)) for k, v in scope["headers"]], body,
                    tuple(client) if client else None)
         try:
-            writer = await self._connect()
-            self._next += 1
-            key = self._next
-            future = asyncio.get_running_loop().create_future()
-            self._pending[key] = future
-            writer.write(_frame((key, request)))
-            status, headers, body = await future
+            status, headers, body = await self.client.call(ASGI, request)
+        except ServerError as error:
+            await send_response(send, *error_body(error), [])
+            return
         except (ConnectionError, OSError) as exc:
             status, headers = 503, [(b"content-type", b"application/json")]
             body = b'{"error": "server process unavailable: %s"}' % str(exc).encode()
@@ -182,17 +327,29 @@ class ForwardingApp:
         await send({"type": "http.response.body", "body": body})
 
 
+def worker_app(bridge_path: str, max_input_size: int, restrictions: dict[str, Any]) -> Callable:
+    """The worker's ASGI application: the lean infer endpoint on the remote engine, the rest forwarded."""
+    from serving_pod.http.app import InferEndpoint
+
+    client = BridgeClient(bridge_path)
+    app: Callable = InferEndpoint(ForwardingApp(client, max_input_size), RemoteEngine(client), max_input_size)
+    if restrictions:
+        from serving_pod.security import RestrictedHttp
+
+        app = RestrictedHttp(app, restrictions)
+    return app
+
+
 def spawn_workers(
-    count: int, listen: socket.socket, bridge_path: str, max_input_size: int
+    count: int, address: str, port: int, bridge_path: str, max_input_size: int,
+    restrictions: dict[str, Any] | None = None,
 ) -> list[subprocess.Popen]:
-    """Start ``count`` worker processes accepting on ``listen`` (inherited) and forwarding to the bridge."""
-    fd = listen.fileno()
-    os.set_inheritable(fd, True)
+    """Start ``count`` worker processes listening on ``address:port`` (SO_REUSEPORT, like the server's own
+    socket, so the kernel spreads connections over all of them) and forwarding to the bridge."""
+    guarded = json.dumps({group: [r.header, r.value] for group, r in (restrictions or {}).items()})
     return [
-        subprocess.Popen(
-            [sys.executable, "-m", "serving_pod.http.workers", str(fd), bridge_path, str(max_input_size)],
-            pass_fds=(fd,),
-        )
+        subprocess.Popen([sys.executable, "-m", "serving_pod.http.workers", address, str(port), bridge_path,
+                          str(max_input_size), guarded])
         for _ in range(count)
     ]
 
@@ -210,19 +367,24 @@ def stop_workers(processes: list[subprocess.Popen], timeout: float = 10.0) -> No
 
 
 def worker_main(argv: list[str]) -> int:
-    """One worker process: ``python -m serving_pod.http.workers <fd> <bridge path> <max input size>``.
+    """One worker: ``python -m serving_pod.http.workers <address> <port> <bridge path> <max input size> <restrictions>``.
 
     uvicorn handles SIGTERM here (stop accepting, finish open responses, exit).
     """
     import uvicorn
 
-    fd, bridge_path, max_input_size = int(argv[0]), argv[1], int(argv[2])
+    from serving_pod.security import Restriction
+    from serving_pod.server import bind_socket
+
+    address, port, bridge_path, max_input_size = argv[0], int(argv[1]), argv[2], int(argv[3])
+    restrictions = {group: Restriction(*pair) for group, pair in json.loads(argv[4]).items()}
+    sock = bind_socket(address, port, reuse_port=True)
     config = uvicorn.Config(
-        ForwardingApp(bridge_path, max_input_size), loop="uvloop", http="httptools", lifespan="off",
+        worker_app(bridge_path, max_input_size, restrictions), loop="uvloop", http="httptools", lifespan="off",
         log_level="warning", access_log=False, proxy_headers=False, server_header=False,
         timeout_keep_alive=75,
     )
-    uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

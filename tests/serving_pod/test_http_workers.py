@@ -81,3 +81,64 @@ def test_workers_exit_with_the_server(server):
 def test_http_workers_flag_validation():
     result = subprocess.run([sys.executable, "-m", "serving_pod", "--http-workers=0"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "value must be >= 1" in result.stderr
+
+
+def test_wire_form_round_trips_requests_and_responses():
+    import numpy as np
+
+    from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+    from serving_pod.http import workers
+
+    request = InferRequest(
+        "m", "2",
+        [Tensor("INPUT0", "FP32", np.arange(6, dtype=np.float32).reshape(2, 3), {"binary_data_size": 24}),
+         Tensor("TEXT", "BYTES", np.array([[b"a", b"\x00bc"]], dtype=np.object_))],
+        [RequestedOutput("OUTPUT0", {"binary_data": True, "class_count": 2})], "req-1", {"priority": 3},
+    )
+    back = workers.request_from_wire(pickle_round(workers.request_to_wire(request)))
+    assert (back.model_name, back.model_version, back.id, back.parameters) == ("m", "2", "req-1", {"priority": 3})
+    assert back.inputs[0].data.dtype == np.float32 and back.inputs[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert back.inputs[0].parameters == {"binary_data_size": 24}
+    assert back.inputs[1].data.tolist() == [[b"a", b"\x00bc"]] and back.inputs[1].datatype == "BYTES"
+    assert [(o.name, o.parameters) for o in back.outputs] == [("OUTPUT0", {"binary_data": True, "class_count": 2})]
+    assert workers.request_from_wire(pickle_round(workers.request_to_wire(
+        InferRequest("m", "", [Tensor("X", "INT64", np.zeros((0, 4), np.int64))])))).outputs is None
+
+    response = InferResponse("m", "2", [Tensor("OUT", "UINT8", np.array([1, 255], np.uint8))], "req-1",
+                             {"sequence_end": True}, final=False)
+    again = workers.response_from_wire(pickle_round(workers.response_to_wire(response)))
+    assert again.outputs[0].data.dtype == np.uint8 and again.outputs[0].data.tolist() == [1, 255]
+    assert (again.id, again.parameters, again.final) == ("req-1", {"sequence_end": True}, False)
+
+
+def pickle_round(value):
+    import pickle
+
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def test_restricted_api_holds_on_every_worker(tmp_path):
+    write_model(tmp_path, "m", test_model_config("m"))
+    http, grpc_port, metrics = free_ports(3)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving_pod", f"--model-repository={tmp_path}", f"--http-port={http}",
+         f"--grpc-port={grpc_port}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
+         "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--http-workers=3",
+         "--http-restricted-api=inference:infer-key=secret"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_ready(http, process)
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+        url = f"http://127.0.0.1:{http}/v2/models/m/infer"
+        for _ in range(30):  # fresh connections: the kernel spreads them over the three processes
+            with httpx.Client() as client:
+                refused = client.post(url, json=body, timeout=30)
+            assert refused.status_code == 403
+            assert refused.json()["error"] == "This API is restricted, expecting header 'infer-key'"
+            with httpx.Client() as client:
+                allowed = client.post(url, json=body, headers={"infer-key": "secret"}, timeout=30)
+            assert allowed.status_code == 200 and allowed.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
