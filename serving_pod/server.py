@@ -13,7 +13,6 @@ import contextlib
 import gc
 import logging
 import signal
-import socket
 from typing import Any
 
 import uvicorn
@@ -23,23 +22,9 @@ from serving_pod.http.app import create_app
 from serving_pod.logging_settings import LogSettings, installed_log_settings
 from serving_pod.metrics import build_registry, render
 from serving_pod.options import ServerOptions
+from serving_pod.sockets import bind_socket
 
 log = logging.getLogger("ferry.server")
-
-
-def bind_socket(address: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A bound TCP socket; ``reuse_port`` lets other processes bind the same port (the kernel spreads
-    connections over them: ``--http-workers``)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    # accepted connections inherit it: small responses must not wait for delayed ACKs (Nagle)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((address, port))
-    sock.set_inheritable(True)
-    return sock
 
 
 def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
@@ -158,6 +143,8 @@ class FerryServer:
                     options.http_workers - 1, options.http_address, self.http_port, self._bridge.path,
                     options.http_max_input_size, options.http_restrictions,
                 )
+                # ready means every process takes its share of new connections
+                await self._bridge.wait_for_workers(len(self._workers), timeout=60.0)
         if options.allow_grpc and options.grpc_server == "native":
             from serving_pod.grpc.native import server_ssl_context
             from serving_pod.grpc.service import create_native_server

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import struct
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput,
 log = logging.getLogger("ferry.http.workers")
 
 _LEN = struct.Struct("<I")
-INFER, ASGI = 0, 1
+INFER, ASGI, HELLO = 0, 1, 2
 OK, ERROR = 0, 1
 
 
@@ -178,6 +179,9 @@ class _BridgeConnection(FrameProtocol):
 
     def frame_received(self, frame: Any) -> None:
         key, kind, payload = frame
+        if kind == HELLO:  # a worker is listening
+            self.bridge.listening(payload)
+            return
         task = asyncio.get_running_loop().create_task(self._answer(key, kind, payload))
         self.bridge.tasks.add(task)
         task.add_done_callback(self.bridge.tasks.discard)
@@ -206,6 +210,25 @@ class Bridge:
         self.path = os.path.join(self.directory, "bridge.sock")
         self._server: asyncio.AbstractServer | None = None
         self.tasks: set[asyncio.Task] = set()
+        self._listening: set[int] = set()
+        self._changed = asyncio.Event()
+
+    def listening(self, pid: int) -> None:
+        self._listening.add(pid)
+        self._changed.set()
+
+    async def wait_for_workers(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` workers listen on the port; False (logged) when ``timeout`` passes first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self._listening) < count:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+            except TimeoutError:
+                log.warning("%d of %d HTTP workers listening after %.0f s", len(self._listening), count, timeout)
+                return False
+        return True
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -366,6 +389,13 @@ def stop_workers(processes: list[subprocess.Popen], timeout: float = 10.0) -> No
             process.wait()
 
 
+def _hello(bridge_path: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hello:
+        hello.connect(bridge_path)
+        data = pickle.dumps((0, HELLO, os.getpid()), protocol=pickle.HIGHEST_PROTOCOL)
+        hello.sendall(_LEN.pack(len(data)) + data)
+
+
 def worker_main(argv: list[str]) -> int:
     """One worker: ``python -m serving_pod.http.workers <address> <port> <bridge path> <max input size> <restrictions>``.
 
@@ -374,11 +404,13 @@ def worker_main(argv: list[str]) -> int:
     import uvicorn
 
     from serving_pod.security import Restriction
-    from serving_pod.server import bind_socket
+    from serving_pod.sockets import bind_socket
 
     address, port, bridge_path, max_input_size = argv[0], int(argv[1]), argv[2], int(argv[3])
     restrictions = {group: Restriction(*pair) for group, pair in json.loads(argv[4]).items()}
     sock = bind_socket(address, port, reuse_port=True)
+    sock.listen(2048)  # connections queue here from now on; then tell the server this process takes its share
+    _hello(bridge_path)
     config = uvicorn.Config(
         worker_app(bridge_path, max_input_size, restrictions), loop="uvloop", http="httptools", lifespan="off",
         log_level="warning", access_log=False, proxy_headers=False, server_header=False,
