@@ -3,7 +3,9 @@
 A custom collector on its own ``CollectorRegistry`` (built in the composition root): nothing is
 updated on the request path, so metrics cost nothing per request and always agree with the
 statistics extension. CPU metrics come from psutil; GPU metrics from nvidia-ml-py (NVML) when a
-GPU is present, else they are absent and the reason is logged once.
+GPU is present, else they are absent and the reason is logged once. The metric families models
+register (python ``pb_utils.MetricFamily``, kept in ``core.custom_metrics``) follow the ``nv_*``
+ones, under the names, help texts, kinds and labels the models gave.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+from serving_pod.core.custom_metrics import COUNTER, GAUGE, HISTOGRAM
 
 log = logging.getLogger("ferry.metrics")
 
@@ -77,6 +81,31 @@ class InferenceCollector:
                 families["cache_hit_us"].add_metric(labels, stats.cache_hit.ns // 1000)
                 families["cache_miss_us"].add_metric(labels, stats.cache_miss.ns // 1000)
         yield from families.values()
+
+
+class CustomMetricsCollector:
+    """Families models registered (``engine.custom_metrics``), exported as Triton exports them."""
+
+    _TYPES = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.store.families():
+            metric = Metric(family.name, family.description, self._TYPES[family.kind])
+            for labels, value, buckets, total in family.series:
+                plain = dict(labels)
+                if family.kind != HISTOGRAM:
+                    metric.add_sample(family.name, plain, value)
+                    continue
+                # prometheus-cpp's order: count, sum, then the cumulative buckets
+                metric.add_sample(f"{family.name}_count", plain, buckets[-1][1])
+                metric.add_sample(f"{family.name}_sum", plain, total)
+                for bound, count in buckets:
+                    le = _number(bound)
+                    metric.add_sample(f"{family.name}_bucket", {**plain, "le": le}, count)
+            yield metric
 
 
 class CpuCollector:
@@ -157,6 +186,9 @@ def build_registry(engine: Any, *, gpu_metrics: bool = True, cpu_metrics: bool =
             registry.register(GpuCollector(nvml))
         else:
             log.info("GPU metrics disabled: %s", reason)
+    custom = getattr(engine, "custom_metrics", None)
+    if custom is not None:
+        registry.register(CustomMetricsCollector(custom))
     return registry
 
 
@@ -164,7 +196,16 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _escape_help(text: str) -> str:
+    # help texts may come from models (custom metrics); the text format escapes only these two
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _number(value: float) -> str:
+    if value != value:  # models may set a gauge to NaN or infinity: the text format has names for them
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
     if value == int(value) and abs(value) < 2**63:
         return str(int(value))
     return repr(float(value))
@@ -174,7 +215,7 @@ def render(registry: CollectorRegistry) -> bytes:
     """Prometheus text format with names exactly as Triton exposes them (no ``_total`` suffix)."""
     lines: list[str] = []
     for metric in registry.collect():
-        lines.append(f"# HELP {metric.name} {metric.documentation}")
+        lines.append(f"# HELP {metric.name} {_escape_help(metric.documentation)}")
         lines.append(f"# TYPE {metric.name} {metric.type}")
         for sample in metric.samples:
             if sample.labels:

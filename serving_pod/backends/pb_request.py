@@ -299,25 +299,50 @@ class ResponseIterator:
 
 _local = threading.local()
 _fallback: dict[str, Any] = {"engine": None, "model_dir": ""}
-#: model module name -> (engine, model dir), for threads a model starts itself.
-_modules: dict[str, tuple[Any, str]] = {}
+#: model module name -> (engine, model dir, instance name, model name), for threads a model starts
+#: itself. The module name (unique per instance) is also the instance's owner key for custom metrics.
+_modules: dict[str, tuple[Any, str, str, str]] = {}
 
 
-def bind_thread(engine: Any, model_dir: str) -> None:
-    """Called by the backend on the thread about to run model code."""
+def bind_thread(engine: Any, model_dir: str, owner: str = "") -> None:
+    """Called by the backend on the thread about to run model code (``owner``: its module name)."""
     _local.engine = engine
     _local.model_dir = model_dir
+    _local.owner = owner
     if engine is not None:
         _fallback["engine"] = engine
     _fallback["model_dir"] = model_dir
 
 
-def register_module(module_name: str, engine: Any, model_dir: str) -> None:
-    _modules[module_name] = (engine, model_dir)
+def register_module(
+    module_name: str, engine: Any, model_dir: str, instance_name: str = "", model_name: str = ""
+) -> None:
+    _modules[module_name] = (engine, model_dir, instance_name, model_name)
 
 
 def unregister_module(module_name: str) -> None:
     _modules.pop(module_name, None)
+
+
+def current_owner(frame: Any = None) -> str:
+    """The owner key (model module name) of the instance whose code is running, or ""."""
+    owner = getattr(_local, "owner", "")
+    if not owner and frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        owner = name if name in _modules else ""
+    return owner
+
+
+def instance_name(owner: str) -> str:
+    """The instance name of an owner key ("" when unknown), as Triton names it in messages."""
+    entry = _modules.get(owner)
+    return entry[2] if entry is not None else ""
+
+
+def model_name(owner: str) -> str:
+    """The model name of an owner key ("" when unknown)."""
+    entry = _modules.get(owner)
+    return entry[3] if entry is not None else ""
 
 
 def current_engine(frame: Any = None) -> Any:

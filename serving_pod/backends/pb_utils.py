@@ -11,15 +11,18 @@ Unlike Triton, nothing here crosses a process boundary: a request wraps the engi
 ``InferRequest`` and tensors wrap its numpy arrays without copies. BLS requests
 (``InferenceRequest(model_name=...).exec()``) go to the engine of the instance that is running
 (``engine.infer_from_thread`` / ``engine.stream_from_thread``); the bridging lives in
-``python_bridge``. Auto-complete's ``ModelConfig`` lives in ``pb_model_config``.
+``python_bridge``. Auto-complete's ``ModelConfig`` lives in ``pb_model_config``, custom metrics
+(``MetricFamily``) in ``pb_metrics``, the model loading API (``load_model``, ``unload_model``,
+``is_model_ready``) in ``pb_model_loader``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from serving_pod.backends.pb_metrics import MetricFamily
+from serving_pod.backends.pb_metrics import Metric, MetricFamily
 from serving_pod.backends.pb_model_config import ModelConfig
+from serving_pod.backends.pb_model_loader import is_model_ready, load_model, unload_model
 from serving_pod.backends.pb_request import (
     InferenceRequest,
     InferenceResponse,
@@ -53,7 +56,8 @@ from serving_pod.backends.pb_tensor import (
 )
 
 __all__ = [
-    "MetricFamily", "ModelConfig", "InferenceRequest", "InferenceResponse",
+    "Metric", "MetricFamily", "is_model_ready", "load_model", "unload_model",
+    "ModelConfig", "InferenceRequest", "InferenceResponse",
     "InferenceResponseSender", "ResponseIterator", "current_engine", "get_model_dir",
     "TRITON_STRING_TO_NUMPY", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",

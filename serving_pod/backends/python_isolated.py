@@ -7,8 +7,10 @@ child that dies — at start, in ``initialize`` or mid-``execute`` — yields a 
 the model and exit code instead of taking the server down. After a crash the next ``execute``
 starts a fresh child (and re-runs ``initialize``).
 
-Decoupled responses, cancellation checks and BLS calls come back from the child over the same
-channel and are served here with the real responders and engine.
+Decoupled responses, cancellation checks, BLS calls, model loading calls and custom metrics come
+back from the child over the same channel and are served here with the real responders and
+engine. The metric families a child created belong to it: they go when it exits (the model is
+unloaded, or it crashed and a fresh child re-runs ``initialize``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from serving_pod.backends import pb_metrics, pb_model_loader
+from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
 from serving_pod.core import errors
 from serving_pod.core.types import InferRequest
@@ -100,6 +104,8 @@ class _Child:
         #: cancel flags of the BLS streams the child has open, by the child's stream key
         self.streams: dict[int, threading.Event] = {}
         self.channel: Channel | None = None
+        #: owner key of the custom metric families this child creates
+        self.owner = f"{label}#{self.process.pid}"
         self._stderr = threading.Thread(target=self._forward, name=f"python-stub-{label}-stderr", daemon=True)
         self._stderr.start()
 
@@ -158,7 +164,7 @@ class IsolatedInstance:
         channel = Channel(
             child.reader, child.writer, name=f"python-model-{self._label}",
             on_call=partial(self._on_call, child), on_post=partial(self._on_post, child),
-            schedule=self._pool.submit, inline=frozenset({"cancelled"}),
+            schedule=self._pool.submit, inline=frozenset({"cancelled", "metric"}),
             on_close=partial(self._on_child_gone, child),
         )
         self._child, self._channel, child.channel = child, channel, channel
@@ -190,6 +196,7 @@ class IsolatedInstance:
         )
 
     def _on_child_gone(self, child: _Child) -> None:
+        metric_store(self._engine).release(child.owner)
         with self._lock:
             open_requests, child.requests = child.requests, {}
         if self._closed or not open_requests:
@@ -216,6 +223,7 @@ class IsolatedInstance:
         if child is not None:
             child.writer.close()
             child.stop(timeout=10)
+            metric_store(self._engine).release(child.owner)
         if channel is not None:
             channel.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -266,6 +274,10 @@ class IsolatedInstance:
         if kind == "cancelled":
             request = child.requests.get(args[0])
             return request is not None and request.cancelled is not None and request.cancelled.is_set()
+        if kind == "metric":
+            return pb_metrics.serve(metric_store(self._engine), child.owner, args[0], args[1:])
+        if kind == "model_control":
+            return pb_model_loader.serve(self._engine, args[0], args[1:])
         if kind == "infer":
             if self._engine is None:
                 raise errors.UnavailableError(
@@ -284,6 +296,11 @@ class IsolatedInstance:
                 request.responder(message, final)
         elif kind == "stream":
             self._pool.submit(self._stream, child, *args)
+        elif kind == "metric":
+            try:
+                pb_metrics.serve(metric_store(self._engine), child.owner, args[0], args[1:])
+            except errors.ServerError as exc:
+                _log.warning("python model '%s': custom metric %s refused: %s", self._label, args[0], exc)
         elif kind == "stream_cancel":
             event = child.streams.get(args[0])
             if event is not None:

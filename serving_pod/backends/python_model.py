@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from serving_pod.backends import pb_utils
+from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.pb_request import bind_thread, register_module, unregister_module
 from serving_pod.backends.python_bridge import ResponseLink
 from serving_pod.core import errors
@@ -160,18 +161,19 @@ class PythonModelInstance:
             raise errors.ModelLoadError(
                 f"failed to load python model '{spec.model_name}' from {spec.model_file}: {describe(exc)}"
             ) from None
-        register_module(self._module.__name__, engine, spec.version_dir)
+        self._owner = self._module.__name__  # unique per instance: owns its custom metric families
+        register_module(self._owner, engine, spec.version_dir, spec.instance_name, spec.model_name)
         try:
             self._model = self._instantiate()
         except BaseException:
-            unregister_module(self._module.__name__)
+            self._release()
             unload_module(self._module)
             raise
         self._execute = self._model.execute
         self.inline_safe = self._never_blocks_on_engine()
 
-    #: source fragments of models that call back into the engine (BLS) or stream responses
-    _ENGINE_CALLS = (".exec(", "async_exec", "InferenceRequest(", "get_response_sender")
+    #: source fragments of models that call back into the engine (BLS, model loading) or stream responses
+    _ENGINE_CALLS = (".exec(", "async_exec", "InferenceRequest(", "get_response_sender", "load_model(")
 
     def _never_blocks_on_engine(self) -> bool:
         """True when executing on the server's event loop thread is safe (see schedulers/instances.py):
@@ -191,7 +193,7 @@ class PythonModelInstance:
             raise errors.ModelLoadError(
                 f"python model '{spec.model_name}': {spec.model_file} does not define class TritonPythonModel"
             )
-        bind_thread(self._engine, spec.version_dir)
+        bind_thread(self._engine, spec.version_dir, self._owner)
         try:
             model = model_class()
             if not callable(getattr(model, "execute", None)):
@@ -212,7 +214,7 @@ class PythonModelInstance:
 
     # ------------------------------------------------------------------ execute
     def execute(self, requests: list[InferRequest]) -> list[Any]:
-        bind_thread(self._engine, self._spec.version_dir)
+        bind_thread(self._engine, self._spec.version_dir, self._owner)
         if self._link.decoupled:
             return self._execute_decoupled(requests)
         link = self._link
@@ -346,7 +348,7 @@ class PythonModelInstance:
         if self._closed:
             return
         self._closed = True
-        bind_thread(self._engine, self._spec.version_dir)
+        bind_thread(self._engine, self._spec.version_dir, self._owner)
         finalize = getattr(self._model, "finalize", None)
         if finalize is not None:
             try:
@@ -357,6 +359,10 @@ class PythonModelInstance:
             self._background.stop()
         if self._loop is not None:
             self._loop.close()
-        if self._module is not None:
-            unregister_module(self._module.__name__)
+        self._release()
         unload_module(self._module)
+
+    def _release(self) -> None:
+        """Forget the module's context; its metric families leave /metrics (as the model unloads)."""
+        unregister_module(self._owner)
+        metric_store(self._engine).release(self._owner)

@@ -4,12 +4,14 @@
 one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread,
 one at a time: ``init(spec)``, ``execute(keys, requests)``, ``autocomplete(file, json,
 label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
-responses (``respond``), cancellation checks (``cancelled``) and BLS (``infer`` / ``stream``,
-answered by the server's engine). When the server goes away the child finalizes and exits.
+responses (``respond``), cancellation checks (``cancelled``), BLS (``infer`` / ``stream``),
+model loading (``model_control``) and custom metrics (``metric``), all answered by the server's
+engine. When the server goes away the child finalizes and exits.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import sys
@@ -56,13 +58,66 @@ class _RemoteEvent(threading.Event):
         super().set()
 
 
+class _RemoteMetrics:
+    """The server's custom metric store as ``pb_metrics`` sees it from the child.
+
+    Updates are one-way posts (the child already refused what the kind does not support); the
+    reader on the server applies posts in order before it reads a later call, so ``value``
+    sees every earlier update. Families collected here are closed with the next message.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._doomed: collections.deque[int] = collections.deque()
+
+    def _call(self, operation: str, *args: Any) -> Any:
+        self.flush()
+        return self._channel.call("metric", operation, *args).result()
+
+    def new_family(self, name: str, description: str, kind: int, owner: str = "") -> int:
+        return self._call("new_family", name, description, kind)  # the server knows the owner
+
+    def new_metric(self, family: int, labels: dict[str, str], buckets: list[float] | None) -> int:
+        return self._call("new_metric", family, labels, buckets)
+
+    def update(self, metric: int, operation: str, value: float) -> None:
+        self.flush()
+        self._channel.post("metric", "update", metric, operation, value)
+
+    def value(self, metric: int) -> float:
+        return self._call("value", metric)
+
+    def delete_family_later(self, family: int) -> None:
+        self._doomed.append(family)
+
+    def release(self, owner: str) -> None:
+        """Nothing to do: the server releases what this process held when it goes away."""
+
+    def flush(self) -> None:
+        while self._doomed:
+            self._channel.post("metric", "delete_family", self._doomed.popleft())
+
+
 class _EngineProxy:
-    """The engine as BLS calls see it from the child: every call goes to the server."""
+    """The engine as BLS calls, model loading and custom metrics see it from the child: every
+    call goes to the server."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._streams: dict[int, queue.Queue] = {}
         self._keys = itertools.count(1)
+        self.custom_metrics = _RemoteMetrics(channel)
+
+    def load_model_from_thread(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None, wait: bool = True
+    ) -> None:
+        self._channel.call("model_control", "load", name, config, files, wait).result()
+
+    def unload_model_from_thread(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        self._channel.call("model_control", "unload", name, unload_dependents, wait).result()
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return bool(self._channel.call("model_control", "ready", name, version).result())
 
     def new_cancel_event(self) -> threading.Event:
         return _RemoteEvent(self._channel)
@@ -129,7 +184,10 @@ class _Stub:
                 # the server sends True where the request has a responder / cancel flag
                 request.responder = partial(self._respond, key) if request.responder else None
                 request.cancelled = _RemoteFlag(self.channel, key) if request.cancelled else None
-            return self.instance.execute(requests)
+            try:
+                return self.instance.execute(requests)
+            finally:
+                self.engine.custom_metrics.flush()
         if kind == "autocomplete":
             from serving_pod.backends.python import _auto_complete_in_process
 

@@ -22,6 +22,7 @@ from serving_pod.core.errors import (
     UnsupportedError,
 )
 from serving_pod import classification
+from serving_pod.core.custom_metrics import CustomMetrics
 from serving_pod.core import outputs
 from serving_pod.core.registry import ModelRegistry
 from serving_pod.core.types import InferRequest, InferResponse
@@ -125,6 +126,8 @@ class Engine:
         self.log_settings = LogSettings()
         self.labels = classification.LabelCache(self._model_dir)
         self._override_dirs: dict[str, Any] = {}
+        #: metric families models register (python ``pb_utils.MetricFamily``), exported on /metrics
+        self.custom_metrics = CustomMetrics()
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -359,6 +362,37 @@ class Engine:
             if isinstance(item, ServerError):
                 raise item
             yield item
+
+    def load_model_from_thread(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None, wait: bool = True
+    ) -> None:
+        """Blocking ``load_model`` from a model instance thread (python ``pb_utils.load_model``)."""
+        self._from_thread(self.load_model(name, config, files), "load", name, wait)
+
+    def unload_model_from_thread(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        """Blocking ``unload_model`` from a model instance thread (python ``pb_utils.unload_model``)."""
+        self._from_thread(self.unload_model(name, unload_dependents), "unload", name, wait)
+
+    def _from_thread(self, coroutine: Any, verb: str, name: str, wait: bool) -> None:
+        # without ``wait`` (a model acting on itself) only the mode is checked before returning
+        try:
+            self._check_explicit(verb)
+            assert self.loop is not None
+            if wait:
+                self._refuse_on_loop_thread()
+        except BaseException:
+            coroutine.close()
+            raise
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        if wait:
+            future.result()
+            return
+
+        def logged(done: Any) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.error("background %s of '%s' failed: %s", verb, name, done.exception())
+
+        future.add_done_callback(logged)
 
     def _refuse_on_loop_thread(self) -> None:
         # Waiting here on the loop thread would deadlock: the call needs the loop to make progress.
