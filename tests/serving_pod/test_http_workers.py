@@ -15,18 +15,24 @@ import pytest
 from support.server import free_ports, test_model_config, wait_ready, write_model
 
 
-@pytest.fixture
-def server(tmp_path):
-    write_model(tmp_path, "m", test_model_config("m"))
+def _spawn(repository, *flags: str) -> tuple[subprocess.Popen, int]:
+    """``ferry-server --http-workers=3`` on free ports with model ``m``, once ready."""
+    write_model(repository, "m", test_model_config("m"))
     http, grpc_port, metrics = free_ports(3)
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving_pod", f"--model-repository={tmp_path}", f"--http-port={http}",
+        [sys.executable, "-m", "serving_pod", f"--model-repository={repository}", f"--http-port={http}",
          f"--grpc-port={grpc_port}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-         "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--http-workers=3",
-         "--model-control-mode=explicit", "--load-model=m", "--http-max-input-size=100000"],
+         "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--http-workers=3", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     wait_ready(http, process)
+    return process, http
+
+
+@pytest.fixture
+def server(tmp_path):
+    process, http = _spawn(tmp_path, "--model-control-mode=explicit", "--load-model=m",
+                           "--http-max-input-size=100000")
     yield process, http
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -118,17 +124,8 @@ def pickle_round(value):
 
 
 def test_restricted_api_holds_on_every_worker(tmp_path):
-    write_model(tmp_path, "m", test_model_config("m"))
-    http, grpc_port, metrics = free_ports(3)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving_pod", f"--model-repository={tmp_path}", f"--http-port={http}",
-         f"--grpc-port={grpc_port}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-         "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--http-workers=3",
-         "--http-restricted-api=inference:infer-key=secret"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    process, http = _spawn(tmp_path, "--http-restricted-api=inference:infer-key=secret")
     try:
-        wait_ready(http, process)
         body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
         url = f"http://127.0.0.1:{http}/v2/models/m/infer"
         for _ in range(30):  # fresh connections: the kernel spreads them over the three processes

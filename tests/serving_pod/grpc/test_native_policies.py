@@ -7,6 +7,7 @@ The policies follow tritonserver's flags (``--grpc-keepalive-*``, ``--grpc-http2
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import struct
 import time
@@ -32,8 +33,17 @@ def repository(tmp_path_factory):
     return path
 
 
-def _serve(repository, **server_options):
-    return ServerThread(make_options([repository], **server_options))
+@contextlib.contextmanager
+def _connected(repository, **server_options):
+    """A server started with ``server_options`` and a raw HTTP/2 client connected to it (h2 answers PINGs)."""
+    thread = ServerThread(make_options([repository], **server_options))
+    handle = thread.start()
+    client = RawClient(handle.server.grpc_port)
+    try:
+        yield handle, client
+    finally:
+        client.close()
+        thread.stop()
 
 
 def _pings(client: RawClient) -> list[h2.events.PingReceived]:
@@ -57,10 +67,7 @@ def _infer_values(reply_data: bytes, compressed_with: bytes | None) -> list[floa
 
 def test_keepalive_pings_are_sent_and_an_answering_client_stays(repository):
     policy = GrpcKeepalive(time_ms=100, timeout_ms=300, permit_without_calls=True, max_pings_without_data=0)
-    thread = _serve(repository, grpc_keepalive=policy)
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)  # h2 acknowledges pings by itself
+    with _connected(repository, grpc_keepalive=policy) as (handle, client):
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             client.sock.settimeout(deadline - time.monotonic())
@@ -72,17 +79,11 @@ def test_keepalive_pings_are_sent_and_an_answering_client_stays(repository):
         assert client.terminated() is None and not client.eof
         reply = client.call(client_body := grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))))
         assert client_body and reply.status == 0 and reply.infer_output() == [1.0, 2.0, 3.0, 4.0]  # fp32 is an identity
-        client.close()
-    finally:
-        thread.stop()
 
 
 def test_keepalive_closes_a_connection_whose_peer_does_not_answer(repository):
     policy = GrpcKeepalive(time_ms=100, timeout_ms=200, permit_without_calls=True)
-    thread = _serve(repository, grpc_keepalive=policy)
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_keepalive=policy) as (handle, client):
         client.sock.settimeout(3)
         # read raw bytes without answering the server's PING
         received = b""
@@ -92,38 +93,26 @@ def test_keepalive_closes_a_connection_whose_peer_does_not_answer(repository):
         elapsed = time.monotonic() - started
         assert b"ferry-ka" in received  # the ping's payload went out
         assert 0.2 <= elapsed < 2.0
-        client.close()
         # the server goes on serving new connections
         fresh = RawClient(handle.server.grpc_port)
         assert fresh.call(grpc_frame(infer_request())).status == 0
         fresh.close()
-    finally:
-        thread.stop()
 
 
 def test_no_keepalive_pings_without_calls_unless_permitted(repository):
     policy = GrpcKeepalive(time_ms=50, timeout_ms=1000, permit_without_calls=False)
-    thread = _serve(repository, grpc_keepalive=policy)
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_keepalive=policy) as (handle, client):
         client.sock.settimeout(0.5)
         with pytest.raises(TimeoutError):
             client.receive()
         assert _pings(client) == []
-        client.close()
-    finally:
-        thread.stop()
 
 
 # -- pings from the client --------------------------------------------------------------------------------
 
 
 def test_too_many_pings_without_data_get_goaway_enhance_your_calm(repository):
-    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=2))
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=2)) as (handle, client):
         for count in range(6):
             client.conn.ping(f"ping-{count:03d}".encode()[:8])
             client.flush()
@@ -136,40 +125,25 @@ def test_too_many_pings_without_data_get_goaway_enhance_your_calm(repository):
         assert terminated.additional_data == b"too_many_pings"
         acks = [e for e in client.events if isinstance(e, h2.events.PingAckReceived)]
         assert len(acks) == 3  # the first ping and two strikes are answered, the third strike is not
-        client.close()
         assert RawClient(handle.server.grpc_port).call(grpc_frame(infer_request())).status == 0
-    finally:
-        thread.stop()
 
 
 def test_pings_between_responses_are_never_strikes(repository):
-    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=1))
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=1)) as (handle, client):
         for count in range(5):
             client.conn.ping(f"p{count:07d}".encode())
             client.flush()
             assert client.call(grpc_frame(infer_request())).status == 0  # the server sent data: strikes reset
         assert client.terminated() is None
-        client.close()
-    finally:
-        thread.stop()
 
 
 def test_strike_limit_zero_means_unlimited(repository):
-    thread = _serve(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=0))
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_keepalive=GrpcKeepalive(max_ping_strikes=0)) as (handle, client):
         for count in range(10):
             client.conn.ping(f"q{count:07d}".encode())
         client.flush()
         client.until(lambda: len([e for e in client.events if isinstance(e, h2.events.PingAckReceived)]) == 10)
         assert client.terminated() is None
-        client.close()
-    finally:
-        thread.stop()
 
 
 # -- compressed responses ---------------------------------------------------------------------------------
@@ -190,10 +164,7 @@ def test_compression_level_picks_among_accepted_algorithms(level, accepted, expe
 
 @pytest.mark.parametrize("level", ["low", "high"])
 def test_compressed_responses_on_the_wire_and_through_tritonclient(repository, level):
-    thread = _serve(repository, grpc_response_compression=level)
-    handle = thread.start()
-    try:
-        client = RawClient(handle.server.grpc_port)
+    with _connected(repository, grpc_response_compression=level) as (handle, client):
         reply = client.call(grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))),
                             extra=((b"grpc-accept-encoding", b"identity,deflate,gzip"),))
         algorithm = b"gzip" if level == "low" else b"deflate"
@@ -202,15 +173,12 @@ def test_compressed_responses_on_the_wire_and_through_tritonclient(repository, l
         plain = client.call(grpc_frame(infer_request(values=(1.0, 1.0, 1.0, 1.0))))  # no grpc-accept-encoding sent
         assert b"grpc-encoding" not in plain.headers
         assert _infer_values(plain.data, None) == [1.0, 1.0, 1.0, 1.0]
-        client.close()
         triton = grpcclient.InferenceServerClient(handle.grpc_url)
         data = np.arange(4, dtype=np.float32).reshape(1, 4)
         inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32")]
         inputs[0].set_data_from_numpy(data)
         assert triton.infer("fp32", inputs).as_numpy("OUTPUT0").tolist() == data.tolist()
         triton.close()
-    finally:
-        thread.stop()
 
 
 # -- flags ------------------------------------------------------------------------------------------------
