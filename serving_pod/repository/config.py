@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
@@ -63,21 +64,43 @@ def config_to_dict(config: ModelConfig) -> dict:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    return _int64_as_numbers(data)
+    return _int64_as_numbers(data, config.DESCRIPTOR)
 
 
 def config_to_json(config: ModelConfig) -> str:
     return json.dumps(config_to_dict(config))
 
 
-def _int64_as_numbers(value):
-    # json_format renders int64/uint64 as strings; Triton's HTTP config has them as numbers.
-    if isinstance(value, dict):
-        return {key: _int64_as_numbers(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_int64_as_numbers(item) for item in value]
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 21:
-        return int(value)
+_INT64_TYPES = frozenset({
+    FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64,
+})
+
+
+def _int64_as_numbers(value: dict, descriptor) -> dict:
+    """json_format renders int64/uint64 fields as strings; Triton's HTTP config has them as numbers.
+
+    Only fields declared 64-bit integers change: a string parameter such as ``"10"`` stays a string.
+    """
+    for name, item in value.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            if entry.message_type is not None:
+                for key in item:
+                    item[key] = _int64_as_numbers(item[key], entry.message_type)
+            elif entry.type in _INT64_TYPES:
+                for key in item:
+                    item[key] = int(item[key])
+        elif field.message_type is not None:
+            if isinstance(item, list):
+                value[name] = [_int64_as_numbers(element, field.message_type) for element in item]
+            else:
+                value[name] = _int64_as_numbers(item, field.message_type)
+        elif field.type in _INT64_TYPES:
+            value[name] = [int(element) for element in item] if isinstance(item, list) else int(item)
     return value
 
 

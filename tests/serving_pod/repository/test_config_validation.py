@@ -23,6 +23,20 @@ def test_parses_into_triton_model_config(tmp_path):
     assert data["max_batch_size"] == 8 and isinstance(data["dynamic_batching"]["max_queue_delay_microseconds"], int)
 
 
+def test_only_64_bit_integer_fields_become_json_numbers():
+    config = parse_config_text(
+        'name: "m" max_batch_size: 8 input [ { name: "I" data_type: TYPE_FP32 dims: [ -1, 16 ] } ] '
+        'parameters { key: "p" value { string_value: "10" } } '
+        "dynamic_batching { max_queue_delay_microseconds: 100 priority_queue_policy { key: 1 value { "
+        "default_timeout_microseconds: 7 } } } version_policy { specific { versions: [ 1, 3 ] } }", "m")
+    data = config_to_dict(config)
+    assert data["parameters"]["p"] == {"string_value": "10"}  # a digit string parameter stays a string
+    assert data["input"][0]["dims"] == [-1, 16]
+    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert data["dynamic_batching"]["priority_queue_policy"]["1"]["default_timeout_microseconds"] == 7
+    assert data["version_policy"] == {"specific": {"versions": [1, 3]}}
+
+
 def test_config_name_defaults_to_the_folder(tmp_path):
     model_dir = write_model(tmp_path, "folder_name", test_model_config("folder_name").replace('name: "folder_name"', ""))
     config, _, _ = prepare_config("folder_name", model_dir)
