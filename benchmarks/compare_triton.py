@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ferry-variant", action="append", default=[], metavar="NAME=ARGS",
                    help="another Ferry configuration in the rotation, e.g. 'w2=--workers=2'")
     p.add_argument("--triton-arg", action="append", default=[], help="extra tritonserver flag (repeatable)")
-    p.add_argument("--soak-minutes", type=float, default=0.0, help="c=16 HTTP load on Ferry sampling RSS")
+    p.add_argument("--soak-minutes", type=float, default=0.0, help="c=16 load on Ferry sampling RSS")
+    p.add_argument("--soak-protocols", default="http", help="comma list of http, grpc: one soak each")
     p.add_argument("--no-default-startup", action="store_true",
                    help="skip timing ferry-server on its embedded default models")
     p.add_argument("--settle", type=float, default=2.0, help="seconds after ready before idle RSS")
@@ -87,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for variant in args.ferry_variant:
         if "=" not in variant or not variant.partition("=")[0]:
             p.error(f"--ferry-variant must be NAME=ARGS, got {variant!r}")
+    if not set(args.soak_protocols.split(",")) <= {"http", "grpc"}:
+        p.error(f"--soak-protocols takes http and/or grpc, got {args.soak_protocols!r}")
     if args.rounds < 1 or args.measurement_interval < 100 or args.soak_minutes < 0:
         p.error("--rounds >= 1, --measurement-interval >= 100 ms and --soak-minutes >= 0 are required")
     if not (args.model_repository / args.model / "config.pbtxt").exists():
@@ -228,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     soaks: list[SoakResult] = []
     if args.soak_minutes > 0:
         for spec in specs:
-            if spec.name.startswith("ferry"):
-                print(f"soak: {spec.name} HTTP c=16 for {args.soak_minutes:g} min", flush=True)
-                soaks.append(soak(spec, ports, pa, args.model, args.soak_minutes, log_dir))
+            if not spec.name.startswith("ferry"):
+                continue
+            for protocol in args.soak_protocols.split(","):
+                print(f"soak: {spec.name} {protocol} c=16 for {args.soak_minutes:g} min", flush=True)
+                soaks.append(soak(spec, ports, pa, args.model, args.soak_minutes, log_dir, protocol=protocol))
     default = ({} if args.no_default_startup or "ferry" not in args.server_list
                else default_startup(ports, log_dir, args.settle))
     summaries = report.summarize(measurements)
