@@ -1,8 +1,7 @@
 """Server-side HTTP/2 (RFC 9113) for the native gRPC front end: framing, flow control, HPACK.
 
-Only what a gRPC server needs: no server push, no priorities, no h2c upgrade. Header blocks are decoded
-with ``hpack`` (connection-wide dynamic table); the server's own header blocks use literals without
-indexing, which are stateless, so the few blocks gRPC sends are built once and reused.
+Only what a gRPC server needs: no server push, no priorities, no h2c upgrade. Header blocks are decoded and
+built by ``hpack_blocks``; gRPC's keepalive and ping policy (``--grpc-keepalive-*``) is ``pings``.
 ``serving_pod.grpc.native`` puts gRPC on top through the ``StreamHandler`` callbacks.
 """
 
@@ -12,10 +11,11 @@ import asyncio
 import logging
 import socket
 import struct
-import time
 from typing import TYPE_CHECKING, Protocol
 
-import hpack
+
+from serving_pod.grpc import hpack_blocks
+from serving_pod.grpc.pings import PingPolicy
 
 if TYPE_CHECKING:
     from serving_pod.options import GrpcKeepalive
@@ -47,30 +47,10 @@ MAX_WINDOW = 2**31 - 1
 #: what this server grants: receive windows are replenished once half is consumed
 RECEIVE_WINDOW = 8 * 1024 * 1024
 MAX_RECEIVE_FRAME = 1024 * 1024
-KEEPALIVE_PAYLOAD = b"ferry-ka"
-#: without calls (and without permit_without_calls) a client may ping once in this many seconds (gRPC: 2 h)
-IDLE_PING_INTERVAL = 7200.0
-#: decoded header blocks kept per connection (one per distinct repeated call shape)
-BLOCK_CACHE_SIZE = 64
 
 _HEADER = struct.Struct(">BHBBI")
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
-
-
-def _only_indexed(block: bytes) -> bool:
-    """Whether an HPACK block holds indexed header fields only (RFC 7541 6.1), which never change the table."""
-    position, size = 0, len(block)
-    while position < size:
-        first = block[position]
-        if not first & 0x80:
-            return False
-        position += 1
-        if first & 0x7F == 0x7F:  # the index continues in the following bytes
-            while position < size and block[position] & 0x80:
-                position += 1
-            position += 1
-    return True
 
 
 class ConnectionError_(Exception):
@@ -84,34 +64,6 @@ class ConnectionError_(Exception):
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     size = len(payload)
     return _HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def _encode_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """HPACK block of literals without indexing (new names, no Huffman): the same bytes in any state."""
-    out = bytearray()
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            out.append(0x88)  # static table entry 8
-            continue
-        out.append(0x00)  # literal header field without indexing, new name
-        out += _encode_int(len(name), 7)
-        out += name
-        out += _encode_int(len(value), 7)
-        out += value
-    return bytes(out)
 
 
 class StreamHandler(Protocol):
@@ -147,25 +99,14 @@ class H2Connection(asyncio.Protocol):
     def __init__(self, handler_factory, *, max_header_list_size: int, max_concurrent_streams: int = 0,
                  keepalive: "GrpcKeepalive | None" = None) -> None:
         self._handler_factory = handler_factory
-        self._keepalive = keepalive
-        self._keepalive_handle: asyncio.TimerHandle | None = None
-        self._keepalive_deadline: asyncio.TimerHandle | None = None
-        #: gRPC's ping policy (reset whenever this side sends headers or data): pings sent, client pings
-        #: received too early ("strikes") and when the client's last ping arrived
-        self._pings_without_data = 0
-        self._ping_strikes = 0
-        self._last_ping_received: float | None = None
+        self.pings = PingPolicy(self, keepalive) if keepalive is not None else None
         self.handler: StreamHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.streams: dict[int, Stream] = {}
         self._buffer = bytearray()
         self._preface_seen = False
-        self._decoder = hpack.Decoder()
-        self._block_cache: dict[bytes, list[tuple[bytes, bytes]] | None] = {}
-        # blocks over the advertised limit are still decoded whole (the HPACK table must stay in step with the
-        # client's encoder) and the stream refused; only past this hard limit is the connection given up
-        self._decoder.max_header_list_size = 4 * max_header_list_size + 65536
+        self._blocks = hpack_blocks.HeaderBlocks(max_header_list_size)
         self._max_header_list_size = max_header_list_size
         self._max_concurrent = max_concurrent_streams
         self._last_stream = 0
@@ -184,7 +125,8 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
-        self._schedule_keepalive()
+        if self.pings is not None:
+            self.pings.start()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -211,9 +153,8 @@ class H2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        for handle in (self._keepalive_handle, self._keepalive_deadline):
-            if handle is not None:
-                handle.cancel()
+        if self.pings is not None:
+            self.pings.stop()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._wake(stream)
@@ -287,11 +228,9 @@ class H2Connection(asyncio.Protocol):
             if len(payload) != 8 or stream_id:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "bad PING")
             if flags & FLAG_ACK:
-                if payload == KEEPALIVE_PAYLOAD and self._keepalive_deadline is not None:
-                    self._keepalive_deadline.cancel()
-                    self._keepalive_deadline = None
-                    self._schedule_keepalive()
-            elif self._ping_allowed():
+                if self.pings is not None:
+                    self.pings.acknowledged(payload)
+            elif self.pings is None or self.pings.allowed():
                 self._write(frame(PING, FLAG_ACK, 0, payload))
         elif kind == RST_STREAM:
             if len(payload) != 4 or not stream_id:
@@ -365,33 +304,11 @@ class H2Connection(asyncio.Protocol):
             self._headers_in_progress = None
             self._header_block(stream_id, progress[1], bytes(progress[2]))
 
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]] | None:
-        """The block's header list, or None when it is over the advertised size (the stream is refused).
-
-        A client repeating a call sends the same block of indexed fields each time; such a block leaves the
-        dynamic table as it was, so its decoding is kept until a block that may change the table arrives.
-        """
-        cache = self._block_cache
-        if block in cache:
-            return cache[block]
-        try:
-            decoded: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
-        except hpack.OversizedHeaderListError:
-            # decoding stopped mid-block: the table is out of step with the client's, the connection unusable
-            raise ConnectionError_(ENHANCE_YOUR_CALM, "header list beyond the hard limit") from None
-        except hpack.HPACKError as error:
-            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {error}") from None
-        headers: list[tuple[bytes, bytes]] | None = decoded
-        if sum(32 + len(name) + len(value) for name, value in decoded) > self._max_header_list_size:
-            headers = None  # refused by the layer above; the connection goes on
-        if not _only_indexed(block):
-            cache.clear()
-        elif len(cache) < BLOCK_CACHE_SIZE:
-            cache[block] = headers
-        return headers
-
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode(block)
+        try:
+            headers = self._blocks.decode(block)
+        except hpack_blocks.BlockError as error:
+            raise ConnectionError_(error.code, str(error)) from None
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
@@ -459,57 +376,6 @@ class H2Connection(asyncio.Protocol):
                 pass  # the server's blocks never use the dynamic table
         self._write(frame(SETTINGS, FLAG_ACK, 0))
 
-    # -- keepalive (gRPC's GRPC_ARG_KEEPALIVE_* and GRPC_ARG_HTTP2_* semantics) ------------------------------
-
-    def _schedule_keepalive(self) -> None:
-        policy = self._keepalive
-        if policy is not None and not self.closed:
-            loop = asyncio.get_running_loop()
-            self._keepalive_handle = loop.call_later(policy.time_ms / 1000, self._send_keepalive)
-
-    def _send_keepalive(self) -> None:
-        policy = self._keepalive
-        if self.closed or policy is None:
-            return
-        idle = not self.streams and not policy.permit_without_calls
-        limited = policy.max_pings_without_data and self._pings_without_data >= policy.max_pings_without_data
-        if idle or limited:
-            self._schedule_keepalive()
-            return
-        self._pings_without_data += 1
-        self._write(frame(PING, 0, 0, KEEPALIVE_PAYLOAD))
-        loop = asyncio.get_running_loop()
-        self._keepalive_deadline = loop.call_later(policy.timeout_ms / 1000, self._keepalive_expired)
-
-    def _keepalive_expired(self) -> None:
-        log.info("closing HTTP/2 connection from %s: keepalive ping not acknowledged", self.peer)
-        self.close(NO_ERROR, "keepalive watchdog timeout")
-
-    def _ping_allowed(self) -> bool:
-        """Whether a client PING is within policy; too many too early get GOAWAY ENHANCE_YOUR_CALM."""
-        policy = self._keepalive
-        if policy is None or not policy.max_ping_strikes:
-            return True
-        now = time.monotonic()
-        last = self._last_ping_received
-        self._last_ping_received = now
-        if last is None:
-            return True
-        busy = bool(self.streams) or policy.permit_without_calls
-        interval = policy.min_recv_ping_interval_without_data_ms / 1000 if busy else IDLE_PING_INTERVAL
-        if now - last >= interval:
-            return True
-        self._ping_strikes += 1
-        if self._ping_strikes <= policy.max_ping_strikes:
-            return True
-        self.close(ENHANCE_YOUR_CALM, "too_many_pings")
-        return False
-
-    def _sent_data(self) -> None:
-        self._pings_without_data = 0
-        self._ping_strikes = 0
-        self._last_ping_received = None
-
     # -- sending -----------------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
@@ -534,7 +400,8 @@ class H2Connection(asyncio.Protocol):
             return
         flags = FLAG_END_HEADERS | (FLAG_END_STREAM if end_stream else 0)
         self._write(frame(HEADERS, flags, stream.id, block))
-        self._sent_data()
+        if self.pings is not None:
+            self.pings.sent_data()
         if end_stream:
             self._end_local(stream)
 
@@ -551,7 +418,8 @@ class H2Connection(asyncio.Protocol):
         if trailers is not None:
             parts.append(frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers))
         self._write(b"".join(parts))
-        self._sent_data()
+        if self.pings is not None:
+            self.pings.sent_data()
         if trailers is not None:
             self._end_local(stream)
         return True
@@ -573,7 +441,8 @@ class H2Connection(asyncio.Protocol):
             stream.send_window -= allowed
             self.conn_send_window -= allowed
             self._write(frame(DATA, 0, stream.id, bytes(view[:allowed])))
-            self._sent_data()
+            if self.pings is not None:
+                self.pings.sent_data()
             view = view[allowed:]
         if self._paused and not self.closed:
             loop = asyncio.get_running_loop()
@@ -594,6 +463,9 @@ class H2Connection(asyncio.Protocol):
             self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
             stream.remote_closed = True
         self._maybe_forget(stream)
+
+    def send_ping(self, payload: bytes) -> None:
+        self._write(frame(PING, 0, 0, payload))
 
     def goaway(self) -> None:
         """Graceful close: no new streams, close once the open ones finish."""

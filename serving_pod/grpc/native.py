@@ -1,7 +1,8 @@
 """The native gRPC front end: gRPC's wire protocol over ``serving_pod.grpc.h2``, on the event loop.
 
 It serves the very servicers of ``serving_pod.grpc.service`` (same methods, same error mapping) through a
-``Context`` that has the part of ``grpc.aio.ServicerContext`` they use. Why it exists: grpcio's asyncio
+``context.Context`` that has the part of ``grpc.aio.ServicerContext`` they use; ``wire`` holds gRPC's
+conventions (status trailers, message frames, compression, timeouts, metadata). Why it exists: grpcio's asyncio
 server costs more Python time per RPC than the whole engine path (a canned-response servicer tops out
 below Triton), while an RPC here is a few frames parsed and written from one ``data_received``.
 ``--grpc-server=grpcio`` keeps the grpc.aio server.
@@ -10,13 +11,10 @@ below Triton), while an RPC here is a few frames parsed and written from one ``d
 from __future__ import annotations
 
 import asyncio
-import base64
 import inspect
 import logging
 import ssl
 import time
-import urllib.parse
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,77 +22,14 @@ import grpc
 from google.protobuf import message_factory
 
 from serving_pod.grpc import h2
+from serving_pod.grpc.hpack_blocks import encode_headers
+from serving_pod.grpc.context import Context
+from serving_pod.grpc.wire import (
+    ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
+    metadata_value, parse_timeout, response_compression, status_block,
+)
 
 log = logging.getLogger("ferry.grpc")
-
-_PREFIX_OK = b"\x00"
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-_RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
-_ACCEPT_ENCODING = b"identity,deflate,gzip"
-RESPONSE_HEADERS = h2.encode_headers([
-    (b":status", b"200"),
-    (b"content-type", b"application/grpc"),
-    (b"grpc-accept-encoding", _ACCEPT_ENCODING),
-])
-OK_TRAILERS = h2.encode_headers([(b"grpc-status", b"0")])
-#: response headers by the response messages' compression (``--grpc-infer-response-compression-level``)
-_HEADERS_FOR: dict[bytes | None, bytes] = {
-    None: RESPONSE_HEADERS,
-    **{algorithm: h2.encode_headers([
-        (b":status", b"200"),
-        (b"content-type", b"application/grpc"),
-        (b"grpc-encoding", algorithm),
-        (b"grpc-accept-encoding", _ACCEPT_ENCODING),
-    ]) for algorithm in (b"gzip", b"deflate")},
-}
-#: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
-_RANKING = (b"gzip", b"deflate")
-
-
-def response_compression(level: str, accepted: bytes) -> bytes | None:
-    """The algorithm for ``level`` (none, low, med, high) among those the client's grpc-accept-encoding lists."""
-    if level == "none" or not accepted:
-        return None
-    tokens = {token.strip() for token in accepted.split(b",")}
-    candidates = [algorithm for algorithm in _RANKING if algorithm in tokens]
-    if not candidates:
-        return None
-    index = {"low": 0, "med": len(candidates) // 2}.get(level, len(candidates) - 1)
-    return candidates[index]
-
-
-def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
-    """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
-    if algorithm is None:
-        return _PREFIX_OK + len(data).to_bytes(4, "big") + data
-    packer = zlib.compressobj(wbits=31 if algorithm == b"gzip" else 15)
-    packed = packer.compress(data) + packer.flush()
-    return b"\x01" + len(packed).to_bytes(4, "big") + packed
-
-
-class RpcError(Exception):
-    """Ends an RPC with ``code`` and ``details`` (what ``context.abort`` raises)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
-def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
-                 trailing: tuple = ()) -> bytes:
-    """Trailers (or a trailers-only response) carrying a gRPC status."""
-    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_headers else []
-    headers.append((b"grpc-status", str(code.value[0]).encode()))
-    if details:
-        headers.append((b"grpc-message", urllib.parse.quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
-                        .encode()))
-    for key, value in trailing:
-        if key.endswith("-bin") and isinstance(value, bytes):
-            value = base64.b64encode(value).rstrip(b"=")
-        headers.append((key.encode(), value if isinstance(value, bytes) else str(value).encode()))
-    return h2.encode_headers(headers)
-
 
 @dataclass(frozen=True)
 class Method:
@@ -120,73 +55,6 @@ def method_table(services: list[tuple[Any, Any]]) -> dict[bytes, Method]:
     return table
 
 
-class Context:
-    """The subset of ``grpc.aio.ServicerContext`` that servicers use."""
-
-    __slots__ = ("_call", "_code", "_details", "_trailing", "_deadline", "_metadata")
-
-    def __init__(self, call: "Call", metadata: tuple, deadline: float | None) -> None:
-        self._call = call
-        self._metadata = metadata
-        self._deadline = deadline
-        self._code: grpc.StatusCode | None = None
-        self._details = ""
-        self._trailing: tuple = ()
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
-        if trailing_metadata:
-            self._trailing = tuple(trailing_metadata)
-        raise RpcError(code, details)
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
-
-    def code(self) -> grpc.StatusCode | None:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def set_trailing_metadata(self, metadata: tuple) -> None:
-        self._trailing = tuple(metadata)
-
-    def trailing_metadata(self) -> tuple:
-        return self._trailing
-
-    def invocation_metadata(self) -> tuple:
-        return self._metadata
-
-    async def send_initial_metadata(self, metadata: tuple) -> None:
-        self._call.send_headers()
-
-    def peer(self) -> str:
-        return self._call.connection.peer
-
-    def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
-
-    def cancelled(self) -> bool:
-        return self._call.cancelled
-
-    def done(self) -> bool:
-        return self._call.finished
-
-    def set_compression(self, compression: Any) -> None:
-        pass  # responses go uncompressed (allowed: the client accepts identity)
-
-    def disable_next_message_compression(self) -> None:
-        pass
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def peer_identities(self) -> None:
-        return None
-
-
 class Call:
     """One RPC on one stream: the request bytes as they arrive, the handler task, the response."""
 
@@ -210,7 +78,7 @@ class Call:
     def send_headers(self) -> None:
         if not self.headers_sent:
             self.headers_sent = True
-            self.connection.h2.send_headers(self.stream, _HEADERS_FOR[self.compress])
+            self.connection.h2.send_headers(self.stream, HEADERS_FOR[self.compress])
 
     def messages(self, final: bool) -> list[bytes]:
         """Complete length-prefixed messages from the buffer, decompressed."""
@@ -228,45 +96,11 @@ class Call:
                 break
             data = bytes(buffer[position + 5 : position + 5 + size])
             position += 5 + size
-            out.append(self._decompress(data, limit) if compressed else data)
+            out.append(decompress(data, self.encoding, limit) if compressed else data)
         del buffer[:position]
         if final and buffer:
             raise RpcError(grpc.StatusCode.INTERNAL, "Incomplete gRPC message at the end of the stream")
         return out
-
-    def _decompress(self, data: bytes, limit: int) -> bytes:
-        if self.encoding in (b"gzip", b"deflate"):
-            wbits = 31 if self.encoding == b"gzip" else 15
-            inflater = zlib.decompressobj(wbits)
-            try:
-                out = inflater.decompress(data, limit + 1)
-            except zlib.error as error:
-                raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {error}") from None
-            if len(out) > limit or inflater.unconsumed_tail:
-                raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"Received message larger than max (more than {limit} bytes decompressed)")
-            if not inflater.eof:  # cut short: without this, a truncated stream would pass as a shorter message
-                raise RpcError(grpc.StatusCode.INTERNAL, "Failed to decompress the message: truncated stream")
-            return out
-        raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
-
-
-def _timeout(value: bytes) -> float:
-    unit = _TIMEOUT_UNITS.get(value[-1:])
-    if unit is None or not value[:-1].isdigit() or len(value) > 9:
-        raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout '{value.decode('latin-1')}'")
-    return int(value[:-1]) * unit
-
-
-def _metadata_value(key: bytes, value: bytes) -> tuple[str, Any]:
-    name = key.decode("latin-1")
-    if name.endswith("-bin"):
-        try:
-            return name, base64.b64decode(value + b"=" * (-len(value) % 4))
-        except ValueError:  # binascii.Error
-            raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid base64 in binary metadata '{name}'") from None
-    return name, value.decode("latin-1")
-
 
 class GrpcConnection:
     """gRPC on one HTTP/2 connection (the ``StreamHandler`` of ``h2.H2Connection``)."""
@@ -302,19 +136,19 @@ class GrpcConnection:
                 elif key == b"content-type":
                     content_type = value
                 elif key == b"grpc-timeout":
-                    deadline = time.monotonic() + _timeout(value)
+                    deadline = time.monotonic() + parse_timeout(value)
                 elif key == b"grpc-encoding":
                     encoding = value
                 elif key == b"grpc-accept-encoding":
                     accepted = value
-                elif key not in _RESERVED:
-                    metadata.append(_metadata_value(key, value))
+                elif key not in RESERVED:
+                    metadata.append(metadata_value(key, value))
         except RpcError as error:
             self._refuse(stream, error.code, error.details)
             return
         if http_method != b"POST" or not content_type.startswith(b"application/grpc"):
             status = b"405" if http_method != b"POST" else b"415"
-            self.h2.send_headers(stream, h2.encode_headers([(b":status", status)]), end_stream=True)
+            self.h2.send_headers(stream, encode_headers([(b":status", status)]), end_stream=True)
             return
         method = server.methods.get(path)
         if method is None:
@@ -324,8 +158,8 @@ class GrpcConnection:
             # doc/compression.md: UNIMPLEMENTED, naming the supported ones, with grpc-accept-encoding
             self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED,
                          f"Compression algorithm '{encoding.decode('latin-1')}' is not supported "
-                         f"(supported: {_ACCEPT_ENCODING.decode()})",
-                         (("grpc-accept-encoding", _ACCEPT_ENCODING),))
+                         f"(supported: {ACCEPT_ENCODING.decode()})",
+                         (("grpc-accept-encoding", ACCEPT_ENCODING),))
             return
         denied = server.denied(path, metadata)
         if denied:
@@ -463,7 +297,7 @@ class GrpcConnection:
         parts: list[bytes] = []
         if not call.headers_sent:
             call.headers_sent = True
-            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, _HEADERS_FOR[call.compress]))
+            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, HEADERS_FOR[call.compress]))
         if connection.try_send(call.stream, parts, payload, trailers):
             return
         if parts:

@@ -221,8 +221,10 @@ def create_native_server(
     if restrictions:
         from serving_pod.security import grpc_denied
 
-        def denied(path: bytes, metadata: Any) -> str | None:
+        def restricted(path: bytes, metadata: Any) -> str | None:
             return grpc_denied(restrictions, path.decode("latin-1"), metadata)
+
+        denied = restricted
 
     services = [
         (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(engine)),

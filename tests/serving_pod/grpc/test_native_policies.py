@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from serving_pod.cli import build_parser, options_from_args
-from serving_pod.grpc.native import response_compression
+from serving_pod.grpc.wire import response_compression
 from serving_pod.options import GrpcKeepalive
 from support.h2client import RawClient, grpc_frame, infer_request
 from support.server import ServerThread, make_options, test_model_config, write_model

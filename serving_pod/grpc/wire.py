@@ -1,0 +1,123 @@
+"""gRPC's conventions on top of HTTP/2, for the native front end (``serving_pod.grpc.native``).
+
+Header blocks the server sends (built once: HPACK literals are stateless), status trailers, the 5-byte
+length-prefixed message frame and its gzip/deflate compression, ``grpc-timeout`` and metadata values,
+and ``RpcError``, the status an RPC ends with. Nothing here holds connection state.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+import zlib
+from typing import Any
+
+import grpc
+
+from serving_pod.grpc.hpack_blocks import encode_headers
+
+PREFIX_OK = b"\x00"
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+#: request headers that are gRPC's own, not the call's metadata
+RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
+ACCEPT_ENCODING = b"identity,deflate,gzip"
+RESPONSE_HEADERS = encode_headers([
+    (b":status", b"200"),
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", ACCEPT_ENCODING),
+])
+OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
+#: response headers by the response messages' compression (``--grpc-infer-response-compression-level``)
+HEADERS_FOR: dict[bytes | None, bytes] = {
+    None: RESPONSE_HEADERS,
+    **{algorithm: encode_headers([
+        (b":status", b"200"),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-encoding", algorithm),
+        (b"grpc-accept-encoding", ACCEPT_ENCODING),
+    ]) for algorithm in (b"gzip", b"deflate")},
+}
+#: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
+_RANKING = (b"gzip", b"deflate")
+
+
+def response_compression(level: str, accepted: bytes) -> bytes | None:
+    """The algorithm for ``level`` (none, low, med, high) among those the client's grpc-accept-encoding lists."""
+    if level == "none" or not accepted:
+        return None
+    tokens = {token.strip() for token in accepted.split(b",")}
+    candidates = [algorithm for algorithm in _RANKING if algorithm in tokens]
+    if not candidates:
+        return None
+    index = {"low": 0, "med": len(candidates) // 2}.get(level, len(candidates) - 1)
+    return candidates[index]
+
+
+def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
+    """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
+    if algorithm is None:
+        return PREFIX_OK + len(data).to_bytes(4, "big") + data
+    packer = zlib.compressobj(wbits=31 if algorithm == b"gzip" else 15)
+    packed = packer.compress(data) + packer.flush()
+    return b"\x01" + len(packed).to_bytes(4, "big") + packed
+
+
+class RpcError(Exception):
+    """Ends an RPC with ``code`` and ``details`` (what ``context.abort`` raises)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
+                 trailing: tuple = ()) -> bytes:
+    """Trailers (or a trailers-only response) carrying a gRPC status."""
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")] if with_headers else []
+    headers.append((b"grpc-status", str(code.value[0]).encode()))
+    if details:
+        headers.append((b"grpc-message", urllib.parse.quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
+                        .encode()))
+    for key, value in trailing:
+        if key.endswith("-bin") and isinstance(value, bytes):
+            value = base64.b64encode(value).rstrip(b"=")
+        headers.append((key.encode(), value if isinstance(value, bytes) else str(value).encode()))
+    return encode_headers(headers)
+
+
+def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
+    """One compressed message, at most ``limit`` bytes once inflated (else RESOURCE_EXHAUSTED)."""
+    if encoding in (b"gzip", b"deflate"):
+        wbits = 31 if encoding == b"gzip" else 15
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(data, limit + 1)
+        except zlib.error as error:
+            raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {error}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"Received message larger than max (more than {limit} bytes decompressed)")
+        if not inflater.eof:  # cut short: without this, a truncated stream would pass as a shorter message
+            raise RpcError(grpc.StatusCode.INTERNAL, "Failed to decompress the message: truncated stream")
+        return out
+    raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
+
+
+def parse_timeout(value: bytes) -> float:
+    """Seconds of a ``grpc-timeout`` header value (INTERNAL when malformed)."""
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+        raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout '{value.decode('latin-1')}'")
+    return int(value[:-1]) * unit
+
+
+def metadata_value(key: bytes, value: bytes) -> tuple[str, Any]:
+    """A custom header as ``invocation_metadata`` gives it: ``-bin`` values base64-decoded to bytes."""
+    name = key.decode("latin-1")
+    if name.endswith("-bin"):
+        try:
+            return name, base64.b64decode(value + b"=" * (-len(value) % 4))
+        except ValueError:  # binascii.Error
+            raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid base64 in binary metadata '{name}'") from None
+    return name, value.decode("latin-1")
