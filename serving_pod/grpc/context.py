@@ -56,6 +56,7 @@ class Context:
         return self._metadata
 
     async def send_initial_metadata(self, metadata: tuple) -> None:
+        """Sends the response headers now; custom initial metadata is not sent (Ferry's servicers set none)."""
         self._call.send_headers()
 
     def peer(self) -> str:
@@ -71,7 +72,7 @@ class Context:
         return self._call.finished
 
     def set_compression(self, compression: Any) -> None:
-        pass  # responses go uncompressed (allowed: the client accepts identity)
+        pass  # the server's --grpc-infer-response-compression-level decides, as in tritonserver
 
     def disable_next_message_compression(self) -> None:
         pass

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from serving_pod.core.errors import InternalError, ServerError
+from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("ferry.http.workers")
@@ -309,8 +309,6 @@ class RemoteEngine:
         try:
             wire = await self.client.call(INFER, request_to_wire(request))
         except (ConnectionError, OSError) as exc:
-            from serving_pod.core.errors import UnavailableError
-
             raise UnavailableError(f"server process unavailable: {exc}") from None
         return response_from_wire(wire)
 
