@@ -145,41 +145,8 @@ class FerryServer:
                 )
                 # ready means every process takes its share of new connections
                 await self._bridge.wait_for_workers(len(self._workers), timeout=60.0)
-        if options.allow_grpc and options.grpc_server == "native":
-            from serving_pod.grpc.native import server_ssl_context
-            from serving_pod.grpc.service import create_native_server
-
-            tls = options.grpc_tls
-            self._grpc = create_native_server(
-                self.engine,
-                restrictions=options.grpc_restrictions,
-                max_message_size=options.grpc_max_message_size,
-                max_metadata_size=options.grpc_max_metadata_size,
-                ssl_context=None if tls is None else server_ssl_context(tls.cert, tls.key, tls.ca, tls.mutual),
-                keepalive=options.grpc_keepalive,
-                response_compression=options.grpc_response_compression,
-            )
-            self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port)
-        elif options.allow_grpc:
-            from serving_pod.grpc.service import create_server
-
-            self._grpc = create_server(
-                self.engine,
-                restrictions=options.grpc_restrictions,
-                max_message_size=options.grpc_max_message_size,
-                max_metadata_size=options.grpc_max_metadata_size,
-                keepalive=options.grpc_keepalive,
-                response_compression=options.grpc_response_compression,
-            )
-            host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
-            address = f"{host}:{options.grpc_port}"
-            if options.grpc_tls is not None:
-                self.grpc_port = self._grpc.add_secure_port(address, grpc_credentials(options.grpc_tls))
-            else:
-                self.grpc_port = self._grpc.add_insecure_port(address)
-            if self.grpc_port == 0:
-                raise OSError(f"failed to bind gRPC port {options.grpc_port} on {options.grpc_address}")
-            await self._grpc.start()
+        if options.allow_grpc:
+            await self._start_grpc(options)
         if options.allow_metrics:
             registry = build_registry(
                 self.engine,
@@ -205,6 +172,37 @@ class FerryServer:
             options.http_address, self.http_port, options.grpc_address, self.grpc_port,
             options.metrics_address, self.metrics_port,
         )
+
+    async def _start_grpc(self, options: ServerOptions) -> None:
+        """The gRPC front end ``--grpc-server`` names, on the same services and limits either way."""
+        limits: dict[str, Any] = {
+            "restrictions": options.grpc_restrictions,
+            "max_message_size": options.grpc_max_message_size,
+            "max_metadata_size": options.grpc_max_metadata_size,
+            "keepalive": options.grpc_keepalive,
+            "response_compression": options.grpc_response_compression,
+        }
+        tls = options.grpc_tls
+        if options.grpc_server == "native":
+            from serving_pod.grpc.native import server_ssl_context
+            from serving_pod.grpc.service import create_native_server
+
+            ssl_context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.ca, tls.mutual)
+            self._grpc = create_native_server(self.engine, ssl_context=ssl_context, **limits)
+            self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port)
+            return
+        from serving_pod.grpc.service import create_server
+
+        self._grpc = create_server(self.engine, **limits)
+        host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
+        address = f"{host}:{options.grpc_port}"
+        if tls is not None:
+            self.grpc_port = self._grpc.add_secure_port(address, grpc_credentials(tls))
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        if self.grpc_port == 0:
+            raise OSError(f"failed to bind gRPC port {options.grpc_port} on {options.grpc_address}")
+        await self._grpc.start()
 
     async def stop(self) -> None:
         """Graceful shutdown: not ready -> drain -> close endpoints -> unload models."""

@@ -32,7 +32,6 @@ FLAG_PRIORITY = 0x20
 
 SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
@@ -96,7 +95,7 @@ class Stream:
 class H2Connection(asyncio.Protocol):
     """One client connection: parses frames, keeps stream state and flow control, writes frames."""
 
-    def __init__(self, handler_factory, *, max_header_list_size: int, max_concurrent_streams: int = 0,
+    def __init__(self, handler_factory, *, max_header_list_size: int,
                  keepalive: "GrpcKeepalive | None" = None) -> None:
         self._handler_factory = handler_factory
         self.pings = PingPolicy(self, keepalive) if keepalive is not None else None
@@ -108,7 +107,6 @@ class H2Connection(asyncio.Protocol):
         self._preface_seen = False
         self._blocks = hpack_blocks.HeaderBlocks(max_header_list_size)
         self._max_header_list_size = max_header_list_size
-        self._max_concurrent = max_concurrent_streams
         self._last_stream = 0
         self._headers_in_progress: tuple[int, int, bytearray] | None = None  # stream id, flags, block
         self.peer_max_frame = DEFAULT_MAX_FRAME
@@ -144,8 +142,6 @@ class H2Connection(asyncio.Protocol):
             (SETTINGS_MAX_FRAME_SIZE, MAX_RECEIVE_FRAME),
             (SETTINGS_MAX_HEADER_LIST_SIZE, self._max_header_list_size),
         ]
-        if self._max_concurrent:
-            settings.append((SETTINGS_MAX_CONCURRENT_STREAMS, self._max_concurrent))
         transport.write(
             frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in settings))
             + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECEIVE_WINDOW - DEFAULT_WINDOW))
@@ -405,8 +401,9 @@ class H2Connection(asyncio.Protocol):
         if end_stream:
             self._end_local(stream)
 
-    def try_send(self, stream: Stream, parts: list[bytes], data: bytes, trailers: bytes | None) -> bool:
-        """Write ``parts`` (pre-built frames), ``data`` and the trailers at once if the windows allow."""
+    def try_send(self, stream: Stream, headers: bytes | None, data: bytes, trailers: bytes) -> bool:
+        """A whole response (``headers`` unless already sent, one DATA frame, trailers) in one write, when the
+        windows and the peer's frame size allow it; False: nothing was sent."""
         size = len(data)
         if size > stream.send_window or size > self.conn_send_window or size > self.peer_max_frame:
             return False
@@ -414,14 +411,14 @@ class H2Connection(asyncio.Protocol):
             return True
         stream.send_window -= size
         self.conn_send_window -= size
-        parts.append(frame(DATA, 0, stream.id, data))
-        if trailers is not None:
-            parts.append(frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers))
-        self._write(b"".join(parts))
+        frames = [frame(DATA, 0, stream.id, data),
+                  frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers)]
+        if headers is not None:
+            frames.insert(0, frame(HEADERS, FLAG_END_HEADERS, stream.id, headers))
+        self._write(b"".join(frames))
         if self.pings is not None:
             self.pings.sent_data()
-        if trailers is not None:
-            self._end_local(stream)
+        self._end_local(stream)
         return True
 
     async def send_data(self, stream: Stream, data: bytes) -> None:
@@ -448,13 +445,6 @@ class H2Connection(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             self._drain_waiter = self._drain_waiter or loop.create_future()
             await self._drain_waiter
-
-    def reset(self, stream: Stream, code: int) -> None:
-        if not stream.local_closed or not stream.remote_closed:
-            self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
-        stream.local_closed = stream.remote_closed = True
-        self.streams.pop(stream.id, None)
-        self._wake(stream)
 
     def _end_local(self, stream: Stream) -> None:
         stream.local_closed = True

@@ -22,14 +22,15 @@ import grpc
 from google.protobuf import message_factory
 
 from serving_pod.grpc import h2
-from serving_pod.grpc.hpack_blocks import encode_headers
 from serving_pod.grpc.context import Context
+from serving_pod.grpc.hpack_blocks import encode_headers
 from serving_pod.grpc.wire import (
     ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
     metadata_value, parse_timeout, response_compression, status_block,
 )
 
 log = logging.getLogger("ferry.grpc")
+
 
 @dataclass(frozen=True)
 class Method:
@@ -102,6 +103,7 @@ class Call:
             raise RpcError(grpc.StatusCode.INTERNAL, "Incomplete gRPC message at the end of the stream")
         return out
 
+
 class GrpcConnection:
     """gRPC on one HTTP/2 connection (the ``StreamHandler`` of ``h2.H2Connection``)."""
 
@@ -171,9 +173,7 @@ class GrpcConnection:
         call.context = Context(call, tuple(metadata), deadline)
         stream.call = call
         if method.client_streaming:
-            call.task = asyncio.get_running_loop().create_task(self._run(call, None))
-            server.calls.add(call.task)
-            call.task.add_done_callback(server.calls.discard)
+            self._start(call, None)
         if end_stream:
             self.stream_data(stream, b"", True)
 
@@ -206,9 +206,14 @@ class GrpcConnection:
         except RpcError as error:
             self._fail(call, error)
             return
-        call.task = asyncio.get_running_loop().create_task(self._run(call, messages[0]))
-        self.server.calls.add(call.task)
-        call.task.add_done_callback(self.server.calls.discard)
+        self._start(call, messages[0])
+
+    def _start(self, call: Call, message: bytes | None) -> None:
+        """Run the handler (``message``: a unary request's bytes; None: requests stream from the queue)."""
+        calls = self.server.calls
+        call.task = asyncio.get_running_loop().create_task(self._run(call, message))
+        calls.add(call.task)
+        call.task.add_done_callback(calls.discard)
 
     def connection_closed(self) -> None:
         self.server.connections.discard(self.h2)
@@ -221,11 +226,10 @@ class GrpcConnection:
                 call.task.cancel()
 
     def _fail(self, call: Call, error: RpcError) -> None:
-        call.finished = True
+        """The request itself is bad: stop a running handler and end the call with ``error``."""
         if call.task is not None and not call.task.done():
             call.task.cancel()
-        self.h2.send_headers(call.stream, status_block(error.code, error.details, with_headers=not call.headers_sent),
-                             end_stream=True)
+        self._finish(call, error.code, error.details)
 
     async def _requests(self, call: Call):
         parse = call.method.request_class.FromString
@@ -294,14 +298,12 @@ class GrpcConnection:
         trailers = OK_TRAILERS if not trailing else status_block(grpc.StatusCode.OK, "", with_headers=False,
                                                                  trailing=trailing)
         call.finished = True
-        parts: list[bytes] = []
-        if not call.headers_sent:
-            call.headers_sent = True
-            parts.append(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS, call.stream.id, HEADERS_FOR[call.compress]))
-        if connection.try_send(call.stream, parts, payload, trailers):
+        headers = None if call.headers_sent else HEADERS_FOR[call.compress]
+        call.headers_sent = True
+        if connection.try_send(call.stream, headers, payload, trailers):
             return
-        if parts:
-            connection._write(parts[0])
+        if headers is not None:
+            connection.send_headers(call.stream, headers)
         await connection.send_data(call.stream, payload)
         connection.send_headers(call.stream, trailers, end_stream=True)
 

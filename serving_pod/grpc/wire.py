@@ -37,6 +37,8 @@ HEADERS_FOR: dict[bytes | None, bytes] = {
         (b"grpc-accept-encoding", ACCEPT_ENCODING),
     ]) for algorithm in (b"gzip", b"deflate")},
 }
+#: zlib window bits of each message encoding
+_WBITS = {b"gzip": 31, b"deflate": 15}
 #: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
 _RANKING = (b"gzip", b"deflate")
 
@@ -57,7 +59,7 @@ def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
     """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
     if algorithm is None:
         return PREFIX_OK + len(data).to_bytes(4, "big") + data
-    packer = zlib.compressobj(wbits=31 if algorithm == b"gzip" else 15)
+    packer = zlib.compressobj(wbits=_WBITS[algorithm])
     packed = packer.compress(data) + packer.flush()
     return b"\x01" + len(packed).to_bytes(4, "big") + packed
 
@@ -88,8 +90,8 @@ def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
 
 def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
     """One compressed message, at most ``limit`` bytes once inflated (else RESOURCE_EXHAUSTED)."""
-    if encoding in (b"gzip", b"deflate"):
-        wbits = 31 if encoding == b"gzip" else 15
+    wbits = _WBITS.get(encoding)
+    if wbits is not None:
         inflater = zlib.decompressobj(wbits)
         try:
             out = inflater.decompress(data, limit + 1)
