@@ -66,14 +66,17 @@ def metrics_app(registry: Any):
     return app
 
 
-def http_transport(options: ServerOptions) -> dict[str, Any]:
-    """uvicorn settings for the HTTP endpoint: limits-enforcing protocol, and TLS when configured."""
+def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
+    """uvicorn settings for the HTTP endpoint: Ferry's protocol (limits, direct infer path), TLS when configured."""
     import ssl
 
-    from serving_pod.http.limits import guarded_protocol
+    from serving_pod.http.protocol import http_protocol
 
-    settings: dict[str, Any] = {"http": guarded_protocol(
-        max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs
+    settings: dict[str, Any] = {"http": http_protocol(
+        engine=engine, max_input_size=options.http_max_input_size,
+        max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs,
+        # a guarded inference group needs the ASGI guard in front of the route
+        direct_infer="inference" not in (options.http_restrictions or {}),
     )}
     tls = options.http_tls
     if tls is not None:
@@ -131,7 +134,7 @@ class FerryServer:
             app = create_app(
                 self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions
             )
-            self._http = _uvicorn(app, **http_transport(options))
+            self._http = _uvicorn(app, **http_transport(options, self.engine))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
             if options.http_workers > 1:
                 # extra protocol processes accept on the same port and forward to this app and engine

@@ -9,7 +9,7 @@ dominate per-request cost for small models; every other route is ordinary FastAP
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NamedTuple
 
 import orjson
 from fastapi import FastAPI, Request
@@ -26,8 +26,74 @@ ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
+class InferHead(NamedTuple):
+    """What the infer route reads from the request headers."""
+
+    header_length: int | None
+    encoding: str
+    accept: str
+    content_length: int
+
+
+def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
+    """The infer route's headers; ``InvalidArgumentError`` on a bad length or a declared body over ``limit``."""
+    header_length: int | None = None
+    encoding = accept = ""
+    content_length = -1
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            try:
+                header_length = int(value)
+            except ValueError:
+                raise InvalidArgumentError("Inference-Header-Content-Length must be an integer") from None
+        elif key == b"content-encoding":
+            encoding = value.decode("latin-1")
+        elif key == b"accept-encoding":
+            accept = value.decode("latin-1")
+        elif key == b"content-length":
+            content_length = int(value) if value.isdigit() else -1
+    if content_length > limit:
+        raise size_error(content_length, limit)
+    return InferHead(header_length, encoding, accept, content_length)
+
+
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
+
+
+async def answer_infer(engine: Engine, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
+    """(status, body, extra headers, content type) for one inference request; errors become their answer."""
+    try:
+        if head.encoding:
+            body = decode_body(body, head.encoding, limit)
+        request = decode_infer_request(body, head.header_length, model, version)
+        response = await engine.infer(request)
+        payload, json_length = encode_infer_response(response, request)
+    except ServerError as error:
+        return error_answer(error)
+    headers: list[tuple[bytes, bytes]] = []
+    if json_length is not None:
+        headers.append((b"inference-header-content-length", str(json_length).encode()))
+        content_type = b"application/octet-stream"
+    else:
+        content_type = b"application/json"
+    chosen = choose_encoding(head.accept) if head.accept else ""
+    if chosen:
+        payload = encode_body(payload, chosen)
+        headers.append((b"content-encoding", chosen.encode()))
+    return 200, payload, headers, content_type
+
+
+def error_answer(error: ServerError) -> Answer:
+    status, body = error_body(error)
+    return status, body, [], b"application/json"
+
+
 class InferEndpoint:
-    """ASGI middleware answering ``POST /v2/models/{m}[/versions/{v}]/infer``; passes the rest on."""
+    """ASGI middleware answering ``POST /v2/models/{m}[/versions/{v}]/infer``; passes the rest on.
+
+    The HTTP server's own protocol (``http.protocol``) answers most infer requests before they become ASGI;
+    this endpoint takes the rest (pipelined requests, escaped paths) and serves ``--http-workers``.
+    """
 
     def __init__(self, app: ASGIApp, engine: Engine, max_input_size: int) -> None:
         self.app = app
@@ -43,47 +109,15 @@ class InferEndpoint:
         await self.app(scope, receive, send)
 
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
-        header_length: int | None = None
-        encoding = accept = ""
-        content_length = -1
-        for key, value in scope["headers"]:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    await send_response(send, *error_body(InvalidArgumentError(
-                        "Inference-Header-Content-Length must be an integer")), [])
-                    return
-            elif key == b"content-encoding":
-                encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept = value.decode("latin-1")
-            elif key == b"content-length":
-                content_length = int(value) if value.isdigit() else -1
         limit = self.max_input_size
         try:
-            if content_length > limit:
-                raise size_error(content_length, limit)
+            head = infer_head(scope["headers"], limit)
             body = await read_body(receive, limit)
-            if encoding:
-                body = decode_body(body, encoding, limit)
-            request = decode_infer_request(body, header_length, model, version)
-            response = await self.engine.infer(request)
-            payload, json_length = encode_infer_response(response, request)
         except ServerError as error:
             await send_response(send, *error_body(error), [])
             return
-        headers: list[tuple[bytes, bytes]] = []
-        if json_length is not None:
-            headers.append((b"inference-header-content-length", str(json_length).encode()))
-            content_type = b"application/octet-stream"
-        else:
-            content_type = b"application/json"
-        chosen = choose_encoding(accept) if accept else ""
-        if chosen:
-            payload = encode_body(payload, chosen)
-            headers.append((b"content-encoding", chosen.encode()))
-        await send_response(send, 200, payload, headers, content_type)
+        status, payload, headers, content_type = await answer_infer(self.engine, head, body, model, version, limit)
+        await send_response(send, status, payload, headers, content_type)
 
 
 def create_app(

@@ -66,6 +66,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._too_large = True
                 raise ValueError("request headers too large")  # httptools aborts the parse
         self._header_bytes = 0
+        self.begin_request()
+
+    def begin_request(self) -> None:
+        """Start answering the request whose headers passed the limits (uvicorn's ASGI cycle here)."""
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:

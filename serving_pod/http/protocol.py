@@ -1,0 +1,173 @@
+"""The HTTP/1.1 connection protocol of the HTTP endpoint: uvicorn's, with the limits and a direct infer path.
+
+uvicorn makes every request an ASGI scope, a ``RequestResponseCycle``, a task, and two ``send`` messages
+that become two socket writes; for a small model that costs more than the model does. This protocol
+recognises ``POST /v2/models/{m}[/versions/{v}]/infer`` when its headers are complete, keeps the body as the
+parser hands it over, and at the message's end starts one task that answers through
+``http.app.answer_infer`` (the ASGI ``InferEndpoint`` answers through it too, so the paths cannot
+disagree) and writes the response in one piece.
+
+Everything else takes uvicorn's ASGI path unchanged: other routes, paths with escapes or a query, an
+infer request pipelined behind an unanswered one, and every route that a ``--http-restricted-api`` group
+guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's protocol code looks at it
+(pipelining, shutdown, disconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from serving_pod.core.engine import Engine
+from serving_pod.core.errors import ServerError
+from serving_pod.http.app import Answer, InferHead, answer_infer, error_answer, infer_head
+from serving_pod.http.compression import size_error
+from serving_pod.http.limits import GuardedHttpToolsProtocol
+
+log = logging.getLogger("ferry.http")
+
+# raw request targets only: a name with %-escapes, or a query, takes the ASGI path (which unescapes)
+_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%#]+)(?:/versions/([^/?%#]+))?/infer$")
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_INTERNAL = b"Internal Server Error"
+
+
+class _NoEvent:
+    """uvicorn's protocol sets its cycle's ``message_event``; nobody waits on an infer cycle's."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+_NO_EVENT = _NoEvent()
+
+
+class InferCycle:
+    """One directly answered infer request: the body as it arrives, and uvicorn's cycle flags."""
+
+    __slots__ = ("model", "version", "head", "chunks", "size", "keep_alive", "response_complete",
+                 "disconnected", "more_body", "body")
+
+    message_event = _NO_EVENT
+
+    def __init__(self, model: str, version: str, head: InferHead, keep_alive: bool) -> None:
+        self.model = model
+        self.version = version
+        self.head = head
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.disconnected = False
+        self.more_body = True
+        self.body = b""  # uvicorn's attribute; the body is in ``chunks``
+
+
+class InferHttpProtocol(GuardedHttpToolsProtocol):
+    """The limits-enforcing protocol answering infer requests itself (set up by ``http_protocol``)."""
+
+    engine: Engine
+    max_input_size: int = 64 * 1024 * 1024
+    direct_infer: bool = True
+
+    def begin_request(self) -> None:
+        if not self._begin_infer():
+            super().begin_request()
+
+    def _begin_infer(self) -> bool:
+        """Take the request on the direct path when it is an unpipelined infer request."""
+        if not self.direct_infer or (self.cycle is not None and not self.cycle.response_complete):
+            return False
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.should_upgrade():
+            return False
+        match = _INFER_TARGET.match(self.url)
+        if match is None:
+            return False
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        version = match.group(2)
+        try:
+            head = infer_head(self.headers, self.max_input_size)
+        except ServerError as error:
+            cycle = self.cycle = InferCycle("", "", InferHead(None, "", "", -1), keep_alive)
+            self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
+            return True
+        self.cycle = InferCycle(match.group(1).decode(), version.decode() if version else "", head, keep_alive)
+        if self.expect_100_continue:
+            self.transport.write(_CONTINUE)
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is not InferCycle:
+            super().on_body(body)
+            return
+        if cycle.response_complete:
+            return
+        cycle.size += len(body)
+        if cycle.size > self.max_input_size:  # a chunked body past the limit: refuse before keeping it
+            self._respond(cycle, error_answer(size_error(cycle.size, self.max_input_size)))
+            cycle.chunks.clear()
+            return
+        cycle.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()  # the read deadline; uvicorn's flags on the cycle
+        cycle = self.cycle
+        if type(cycle) is InferCycle and not cycle.response_complete:
+            task = self.loop.create_task(self._answer(cycle))
+            self.tasks.add(task)  # the server's graceful shutdown waits for it
+            task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, cycle: InferCycle) -> None:
+        chunks = cycle.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        cycle.chunks = []
+        try:
+            answer = await answer_infer(self.engine, cycle.head, body, cycle.model, cycle.version,
+                                        self.max_input_size)
+        except Exception:  # answer_infer turns ServerErrors into answers; anything else is a bug
+            log.exception("inference request for model '%s' failed", cycle.model)
+            cycle.keep_alive = False
+            answer = 500, _INTERNAL, [], b"text/plain; charset=utf-8"
+        if self.flow.write_paused and not cycle.disconnected:
+            await self.flow.drain()
+        self._respond(cycle, answer)
+
+    def _respond(self, cycle: InferCycle, answer: Answer) -> None:
+        """Write the whole response, then let uvicorn go on (pipelined request, keep-alive timer)."""
+        status, payload, headers, content_type = answer
+        if not cycle.disconnected and not self.transport.is_closing():
+            parts = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                parts += (name, b": ", value, b"\r\n")
+            for name, value in headers:
+                parts += (name, b": ", value, b"\r\n")
+            parts += (b"content-type: ", content_type, b"\r\ncontent-length: ", b"%d" % len(payload), b"\r\n")
+            if not cycle.keep_alive:
+                parts.append(b"connection: close\r\n")
+            parts += (b"\r\n", payload)
+            self.transport.write(b"".join(parts))
+            if self.access_log:
+                self.access_logger.info('%s - "POST /v2/models/%s/infer HTTP/1.1" %d', self.client, cycle.model,
+                                        status)
+        cycle.response_complete = True
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+
+def http_protocol(
+    *, engine: Engine, max_input_size: int, max_header_bytes: int, read_timeout_s: float, direct_infer: bool = True
+) -> type[InferHttpProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` serving ``engine`` with these limits."""
+    settings: dict[str, Any] = {
+        "engine": engine, "max_input_size": max_input_size, "max_header_bytes": max_header_bytes,
+        "read_timeout_s": read_timeout_s, "direct_infer": direct_infer,
+    }
+    return type("FerryHttpProtocol", (InferHttpProtocol,), settings)

@@ -1,0 +1,231 @@
+"""The HTTP endpoint's own protocol (``http.protocol``): infer requests answered without the ASGI layer.
+
+Raw sockets check what a client sees on the wire: the direct path and the ASGI path give the same answer,
+pipelined and keep-alive requests are answered in order, ``Expect: 100-continue`` and HTTP/1.0 work, and
+each bad input (a bad length header, a body past the limit, a vanished client, a failing engine) gets a
+clear answer while the connection or the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from support.server import test_model_config, write_model
+
+LIMIT = 64 * 1024
+BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+
+
+@pytest.fixture
+def server(threaded_server, tmp_path):
+    write_model(tmp_path, "idt", test_model_config("idt", dims="[ -1 ]"))
+    write_model(tmp_path, "slow", test_model_config(
+        "slow", dims="[ -1 ]", extra='parameters { key: "execute_delay_ms" value { string_value: "300" } }'))
+    return threaded_server([tmp_path], model_control_mode="explicit", load_models=("idt", "slow"),
+                           http_max_input_size=LIMIT)
+
+
+def _port(server) -> int:
+    return server.server.http_port
+
+
+def _request(path: str, body: bytes = BODY, *, headers: dict[str, str] | None = None, version: str = "1.1") -> bytes:
+    lines = [f"POST {path} HTTP/{version}", "Host: test", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class Wire:
+    """A raw HTTP/1.1 connection reading whole responses (content-length framed)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        status = int(status_line.split()[1])
+        if status == 100:
+            return status, headers, b""
+        length = int(headers["content-length"])
+        while len(self.buffer) < length:
+            self._fill()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return status, headers, body
+
+    def closed(self) -> bool:
+        """True once the server has closed the connection (waits up to the socket timeout)."""
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, socket.timeout):
+            return False
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _outputs(body: bytes) -> list:
+    return orjson.loads(body)["outputs"][0]["data"]
+
+
+def test_direct_and_asgi_paths_give_the_same_answer(server):
+    wire = Wire(_port(server))
+    # "/v2/models/id%74/infer" names the same model; escapes take uvicorn's ASGI path
+    wire.send(_request("/v2/models/idt/infer"))
+    direct = wire.response()
+    wire.send(_request("/v2/models/id%74/infer"))
+    asgi = wire.response()
+    for status, headers, body in (direct, asgi):
+        assert status == 200
+        assert headers["content-type"] == "application/json"
+        assert _outputs(body) == [1, 2, 3, 4]
+    assert direct[2] == asgi[2]
+    assert {k for k in direct[1] if k != "date"} == {k for k in asgi[1] if k != "date"}
+    # errors agree too: an unknown model
+    wire.send(_request("/v2/models/nope/infer"))
+    wire.send(_request("/v2/models/no%70e/infer"))
+    first, second = wire.response(), wire.response()
+    assert first[0] == second[0] == 404
+    assert first[2] == second[2] and b"nope" in first[2]
+    wire.close()
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    wire = Wire(_port(server))
+    second = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [7, 8]}]})
+    # a slow infer, then an infer and a GET behind it in the same segment: neither may overtake it
+    wire.send(_request("/v2/models/slow/infer") + _request("/v2/models/idt/infer", second)
+              + b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n")
+    slow, fast, ready = wire.response(), wire.response(), wire.response()
+    assert slow[0] == 200 and _outputs(slow[2]) == [1, 2, 3, 4]
+    assert fast[0] == 200 and _outputs(fast[2]) == [7, 8]
+    assert ready[0] == 200 and ready[2] == b""
+    wire.close()
+
+
+def test_keep_alive_binary_and_compressed_responses(server):
+    client = server.client("http")
+    module = server.module("http")
+    for i in range(3):  # one pooled connection, several requests
+        infer_input = module.InferInput("INPUT0", [1, 3], "FP32")
+        infer_input.set_data_from_numpy(np.full((1, 3), i, dtype=np.float32), binary_data=True)
+        output = module.InferRequestedOutput("OUTPUT0", binary_data=True)
+        result = client.infer("idt", [infer_input], outputs=[output], response_compression_algorithm="gzip")
+        assert result.as_numpy("OUTPUT0").tolist() == [[i, i, i]]
+
+
+def test_expect_100_continue(server):
+    wire = Wire(_port(server))
+    head, _, body = _request("/v2/models/idt/infer", headers={"Expect": "100-continue"}).partition(b"\r\n\r\n")
+    wire.send(head + b"\r\n\r\n")
+    assert wire.response()[0] == 100  # before the body is sent
+    wire.send(body)
+    status, _, answer = wire.response()
+    assert status == 200 and _outputs(answer) == [1, 2, 3, 4]
+    wire.close()
+
+
+def test_http_1_0_and_connection_close_end_the_connection(server):
+    for request in (_request("/v2/models/idt/infer", version="1.0"),
+                    _request("/v2/models/idt/infer", headers={"Connection": "close"})):
+        wire = Wire(_port(server))
+        wire.send(request)
+        status, headers, body = wire.response()
+        assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+        assert headers["connection"] == "close"
+        assert wire.closed()
+        wire.close()
+
+
+def test_chunked_body_is_accepted(server):
+    wire = Wire(_port(server))
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (BODY[:10], BODY[10:])) + b"0\r\n\r\n"
+    wire.send(b"POST /v2/models/idt/infer HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+    status, _, body = wire.response()
+    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    wire.close()
+
+
+def test_bad_length_header_gets_400_and_the_connection_goes_on(server):
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "abc"}))
+    status, _, body = wire.response()
+    assert status == 400
+    assert orjson.loads(body) == {"error": "Inference-Header-Content-Length must be an integer"}
+    # the refused request's body was skipped: the next request on the connection is parsed and served
+    wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "9999"}))
+    status, _, body = wire.response()
+    assert status == 400 and "outside the body" in orjson.loads(body)["error"]
+    wire.send(_request("/v2/models/idt/infer"))
+    status, _, body = wire.response()
+    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    wire.close()
+
+
+def test_declared_oversized_body_is_refused_before_it_is_read(server):
+    wire = Wire(_port(server))
+    # only the headers are sent: the answer must not wait for the 1 MB body
+    wire.send(f"POST /v2/models/idt/infer HTTP/1.1\r\nHost: test\r\nContent-Length: {1 << 20}\r\n\r\n".encode())
+    status, _, body = wire.response()
+    assert status == 400
+    assert "exceeds the maximum allowed value of 65536 bytes" in orjson.loads(body)["error"]
+    wire.close()
+
+
+def test_vanished_client_does_not_disturb_others(server):
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/slow/infer"))
+    time.sleep(0.05)
+    wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    wire.close()  # reset while the model runs: the answer has nowhere to go
+    response = httpx.post(f"http://{server.http_url}/v2/models/idt/infer", content=BODY)
+    assert response.status_code == 200 and _outputs(response.content) == [1, 2, 3, 4]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the slow request still ran to its end and was counted
+        stats = httpx.get(f"http://{server.http_url}/v2/models/slow/stats").json()["model_stats"][0]
+        if stats["inference_stats"]["success"]["count"] == 1:
+            break
+        time.sleep(0.05)
+    assert stats["inference_stats"]["success"]["count"] == 1
+
+
+def test_engine_failure_gets_500_and_the_server_goes_on(server, monkeypatch):
+    engine = server.engine
+    real = engine.infer
+
+    async def broken(request):
+        if request.model_name == "slow":
+            raise RuntimeError("bug")
+        return await real(request)
+
+    monkeypatch.setattr(engine, "infer", broken)
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/slow/infer"))
+    status, headers, body = wire.response()
+    assert (status, body, headers["connection"]) == (500, b"Internal Server Error", "close")
+    assert wire.closed()
+    wire.close()
+    response = httpx.post(f"http://{server.http_url}/v2/models/idt/infer", content=BODY)
+    assert response.status_code == 200 and _outputs(response.content) == [1, 2, 3, 4]
