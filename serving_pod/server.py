@@ -144,7 +144,8 @@ class FerryServer:
                 await self._bridge.start()
                 self._workers = workers.spawn_workers(
                     options.http_workers - 1, options.http_address, self.http_port, self._bridge.path,
-                    options.http_max_input_size, options.http_restrictions,
+                    max_input_size=options.http_max_input_size, max_header_bytes=options.http_max_header_size,
+                    read_timeout_s=options.http_read_timeout_secs, restrictions=options.http_restrictions,
                 )
                 # ready means every process takes its share of new connections
                 await self._bridge.wait_for_workers(len(self._workers), timeout=60.0)

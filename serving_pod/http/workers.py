@@ -348,11 +348,10 @@ class ForwardingApp:
         await send({"type": "http.response.body", "body": body})
 
 
-def worker_app(bridge_path: str, max_input_size: int, restrictions: dict[str, Any]) -> Callable:
+def worker_app(client: BridgeClient, max_input_size: int, restrictions: dict[str, Any]) -> Callable:
     """The worker's ASGI application: the lean infer endpoint on the remote engine, the rest forwarded."""
     from serving_pod.http.app import InferEndpoint
 
-    client = BridgeClient(bridge_path)
     app: Callable = InferEndpoint(ForwardingApp(client, max_input_size), RemoteEngine(client), max_input_size)
     if restrictions:
         from serving_pod.security import RestrictedHttp
@@ -362,15 +361,18 @@ def worker_app(bridge_path: str, max_input_size: int, restrictions: dict[str, An
 
 
 def spawn_workers(
-    count: int, address: str, port: int, bridge_path: str, max_input_size: int,
-    restrictions: dict[str, Any] | None = None,
+    count: int, address: str, port: int, bridge_path: str, *, max_input_size: int, max_header_bytes: int,
+    read_timeout_s: float, restrictions: dict[str, Any] | None = None,
 ) -> list[subprocess.Popen]:
     """Start ``count`` worker processes listening on ``address:port`` (SO_REUSEPORT, like the server's own
-    socket, so the kernel spreads connections over all of them) and forwarding to the bridge."""
-    guarded = json.dumps({group: [r.header, r.value] for group, r in (restrictions or {}).items()})
+    socket, so the kernel spreads connections over all of them) and forwarding to the bridge. They enforce
+    the server's HTTP limits themselves."""
+    settings = json.dumps({
+        "max_input_size": max_input_size, "max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s,
+        "restrictions": {group: [r.header, r.value] for group, r in (restrictions or {}).items()},
+    })
     return [
-        subprocess.Popen([sys.executable, "-m", "serving_pod.http.workers", address, str(port), bridge_path,
-                          str(max_input_size), guarded])
+        subprocess.Popen([sys.executable, "-m", "serving_pod.http.workers", address, str(port), bridge_path, settings])
         for _ in range(count)
     ]
 
@@ -395,22 +397,31 @@ def _hello(bridge_path: str) -> None:
 
 
 def worker_main(argv: list[str]) -> int:
-    """One worker: ``python -m serving_pod.http.workers <address> <port> <bridge path> <max input size> <restrictions>``.
+    """One worker: ``python -m serving_pod.http.workers <address> <port> <bridge path> <settings JSON>``.
 
-    uvicorn handles SIGTERM here (stop accepting, finish open responses, exit).
+    It serves HTTP with the server's protocol (limits, direct infer path) on the remote engine. uvicorn
+    handles SIGTERM here (stop accepting, finish open responses, exit).
     """
     import uvicorn
 
+    from serving_pod.http.protocol import http_protocol
     from serving_pod.security import Restriction
     from serving_pod.sockets import bind_socket
 
-    address, port, bridge_path, max_input_size = argv[0], int(argv[1]), argv[2], int(argv[3])
-    restrictions = {group: Restriction(*pair) for group, pair in json.loads(argv[4]).items()}
+    address, port, bridge_path, settings = argv[0], int(argv[1]), argv[2], json.loads(argv[3])
+    restrictions = {group: Restriction(*pair) for group, pair in settings["restrictions"].items()}
+    max_input_size = settings["max_input_size"]
     sock = bind_socket(address, port, reuse_port=True)
     sock.listen(2048)  # connections queue here from now on; then tell the server this process takes its share
     _hello(bridge_path)
+    client = BridgeClient(bridge_path)
+    protocol = http_protocol(
+        engine=RemoteEngine(client), max_input_size=max_input_size,  # type: ignore[arg-type]
+        max_header_bytes=settings["max_header_bytes"], read_timeout_s=settings["read_timeout_s"],
+        direct_infer="inference" not in restrictions,
+    )
     config = uvicorn.Config(
-        worker_app(bridge_path, max_input_size, restrictions), loop="uvloop", http="httptools", lifespan="off",
+        worker_app(client, max_input_size, restrictions), loop="uvloop", http=protocol, lifespan="off",
         log_level="warning", access_log=False, proxy_headers=False, server_header=False,
         timeout_keep_alive=75,
     )

@@ -139,3 +139,17 @@ def test_restricted_api_holds_on_every_worker(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+def test_http_limits_hold_on_every_worker(tmp_path):
+    # before the workers ran the server's protocol, a worker took headers of any size
+    process, http = _spawn(tmp_path, "--http-max-header-size=4096")
+    try:
+        for _ in range(30):  # fresh connections: the kernel spreads them over the three processes
+            with httpx.Client() as client:
+                response = client.get(f"http://127.0.0.1:{http}/v2/health/live", headers={"X-Big": "a" * 8000},
+                                      timeout=30)
+            assert response.status_code == 431
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
