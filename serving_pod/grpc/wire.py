@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from serving_pod.grpc.hpack_blocks import encode_headers
+from serving_pod.inflate import CORRUPT, TOO_LARGE, WBITS, InflateError, inflate
 
 PREFIX_OK = b"\x00"
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -37,8 +38,6 @@ HEADERS_FOR: dict[bytes | None, bytes] = {
         (b"grpc-accept-encoding", ACCEPT_ENCODING),
     ]) for algorithm in (b"gzip", b"deflate")},
 }
-#: zlib window bits of each message encoding
-_WBITS = {b"gzip": 31, b"deflate": 15}
 #: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
 _RANKING = (b"gzip", b"deflate")
 
@@ -59,7 +58,7 @@ def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
     """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
     if algorithm is None:
         return PREFIX_OK + len(data).to_bytes(4, "big") + data
-    packer = zlib.compressobj(wbits=_WBITS[algorithm])
+    packer = zlib.compressobj(wbits=WBITS[algorithm.decode("latin-1")])
     packed = packer.compress(data) + packer.flush()
     return b"\x01" + len(packed).to_bytes(4, "big") + packed
 
@@ -90,20 +89,17 @@ def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
 
 def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
     """One compressed message, at most ``limit`` bytes once inflated (else RESOURCE_EXHAUSTED)."""
-    wbits = _WBITS.get(encoding)
-    if wbits is not None:
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(data, limit + 1)
-        except zlib.error as error:
-            raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {error}") from None
-        if len(out) > limit or inflater.unconsumed_tail:
+    coding = encoding.decode("latin-1")
+    if coding not in WBITS:
+        raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
+    try:
+        return inflate(data, coding, limit)
+    except InflateError as error:
+        if error.reason == TOO_LARGE:
             raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"Received message larger than max (more than {limit} bytes decompressed)")
-        if not inflater.eof:  # cut short: without this, a truncated stream would pass as a shorter message
-            raise RpcError(grpc.StatusCode.INTERNAL, "Failed to decompress the message: truncated stream")
-        return out
-    raise RpcError(grpc.StatusCode.INTERNAL, "Compressed message without a grpc-encoding")
+                           f"Received message larger than max (more than {limit} bytes decompressed)") from None
+        detail = error.detail if error.reason == CORRUPT else "truncated stream"
+        raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {detail}") from None
 
 
 def parse_timeout(value: bytes) -> float:

@@ -6,6 +6,7 @@ import gzip
 import zlib
 
 from serving_pod.core.errors import InvalidArgumentError, UnsupportedError
+from serving_pod.inflate import CORRUPT, TOO_LARGE, WBITS, InflateError, inflate
 
 
 def size_error(size: int, limit: int) -> InvalidArgumentError:
@@ -20,22 +21,15 @@ def decode_body(body: bytes, encoding: str, limit: int) -> bytes:
     encoding = encoding.strip().lower()
     if not encoding or encoding == "identity":
         return body
-    if encoding == "gzip":
-        wbits = 16 + zlib.MAX_WBITS
-    elif encoding == "deflate":
-        wbits = zlib.MAX_WBITS
-    else:
+    if encoding not in WBITS:
         raise UnsupportedError(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
-    decoder = zlib.decompressobj(wbits)
     try:
-        out = decoder.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidArgumentError(f"failed to decompress the request body ({encoding}): {exc}") from None
-    if len(out) > limit or decoder.unconsumed_tail:
-        raise size_error(len(out), limit)
-    if not decoder.eof:
-        raise InvalidArgumentError(f"failed to decompress the request body ({encoding}): truncated data")
-    return out
+        return inflate(body, encoding, limit)
+    except InflateError as error:
+        if error.reason == TOO_LARGE:
+            raise size_error(error.size, limit) from None
+        detail = error.detail if error.reason == CORRUPT else "truncated data"
+        raise InvalidArgumentError(f"failed to decompress the request body ({encoding}): {detail}") from None
 
 
 def choose_encoding(accept: str) -> str:
