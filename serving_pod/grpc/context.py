@@ -56,8 +56,10 @@ class Context:
         return self._metadata
 
     async def send_initial_metadata(self, metadata: tuple) -> None:
-        """Sends the response headers now; custom initial metadata is not sent (Ferry's servicers set none)."""
-        self._call.send_headers()
+        """Sends the response headers now, carrying ``metadata`` (grpc.aio's rules: once, before any message)."""
+        if self._call.headers_sent:
+            raise RpcError(grpc.StatusCode.INTERNAL, "initial metadata was already sent")
+        self._call.send_headers(tuple(metadata))
 
     def peer(self) -> str:
         return self._call.connection.peer

@@ -26,7 +26,7 @@ from serving_pod.grpc.context import Context
 from serving_pod.grpc.hpack_blocks import encode_headers
 from serving_pod.grpc.wire import (
     ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
-    metadata_value, parse_timeout, response_compression, status_block,
+    metadata_headers, metadata_value, parse_timeout, response_compression, response_header_list, status_block,
 )
 
 log = logging.getLogger("ferry.grpc")
@@ -76,10 +76,14 @@ class Call:
         self.context: Context | None = None
         self.compress: bytes | None = None
 
-    def send_headers(self) -> None:
+    def send_headers(self, metadata: tuple = ()) -> None:
+        """The response headers, with the servicer's custom initial metadata; once per call."""
         if not self.headers_sent:
             self.headers_sent = True
-            self.connection.h2.send_headers(self.stream, HEADERS_FOR[self.compress])
+            block = HEADERS_FOR[self.compress]
+            if metadata:
+                block = encode_headers(response_header_list(self.compress) + metadata_headers(metadata))
+            self.connection.h2.send_headers(self.stream, block)
 
     def messages(self, final: bool) -> list[bytes]:
         """Complete length-prefixed messages from the buffer, decompressed."""

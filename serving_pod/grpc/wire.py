@@ -22,22 +22,33 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 #: request headers that are gRPC's own, not the call's metadata
 RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
 ACCEPT_ENCODING = b"identity,deflate,gzip"
-RESPONSE_HEADERS = encode_headers([
-    (b":status", b"200"),
-    (b"content-type", b"application/grpc"),
-    (b"grpc-accept-encoding", ACCEPT_ENCODING),
-])
+
+
+def response_header_list(algorithm: bytes | None) -> list[tuple[bytes, bytes]]:
+    """A response's leading headers when its messages use ``algorithm`` (None: uncompressed)."""
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    if algorithm is not None:
+        headers.append((b"grpc-encoding", algorithm))
+    headers.append((b"grpc-accept-encoding", ACCEPT_ENCODING))
+    return headers
+
+
+def metadata_headers(metadata: tuple) -> list[tuple[bytes, bytes]]:
+    """Custom metadata as header fields: ``-bin`` values base64-encoded (unpadded), the rest as text."""
+    out = []
+    for key, value in metadata:
+        if key.endswith("-bin") and isinstance(value, bytes):
+            value = base64.b64encode(value).rstrip(b"=")
+        out.append((key.encode(), value if isinstance(value, bytes) else str(value).encode()))
+    return out
+
+
 OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
 #: response headers by the response messages' compression (``--grpc-infer-response-compression-level``)
 HEADERS_FOR: dict[bytes | None, bytes] = {
-    None: RESPONSE_HEADERS,
-    **{algorithm: encode_headers([
-        (b":status", b"200"),
-        (b"content-type", b"application/grpc"),
-        (b"grpc-encoding", algorithm),
-        (b"grpc-accept-encoding", ACCEPT_ENCODING),
-    ]) for algorithm in (b"gzip", b"deflate")},
+    algorithm: encode_headers(response_header_list(algorithm)) for algorithm in (None, b"gzip", b"deflate")
 }
+RESPONSE_HEADERS = HEADERS_FOR[None]
 #: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
 _RANKING = (b"gzip", b"deflate")
 
@@ -80,10 +91,7 @@ def status_block(code: grpc.StatusCode, details: str, *, with_headers: bool,
     if details:
         headers.append((b"grpc-message", urllib.parse.quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")
                         .encode()))
-    for key, value in trailing:
-        if key.endswith("-bin") and isinstance(value, bytes):
-            value = base64.b64encode(value).rstrip(b"=")
-        headers.append((key.encode(), value if isinstance(value, bytes) else str(value).encode()))
+    headers += metadata_headers(trailing)
     return encode_headers(headers)
 
 
