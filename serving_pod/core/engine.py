@@ -376,7 +376,7 @@ class Engine:
     def _from_thread(self, coroutine: Any, verb: str, name: str, wait: bool) -> None:
         # without ``wait`` (a model acting on itself) only the mode is checked before returning
         try:
-            self._check_explicit(verb)
+            self._check_explicit()
             assert self.loop is not None
             if wait:
                 self._refuse_on_loop_thread()
@@ -423,7 +423,7 @@ class Engine:
     async def load_model(
         self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        self._check_explicit("load")
+        self._check_explicit()
         if files:
             from serving_pod.repository.overrides import discard_override, materialize_override
 
@@ -448,7 +448,7 @@ class Engine:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload ``name``; with ``unload_dependents`` an ensemble's composing models go too (Triton's extension)."""
-        self._check_explicit("unload")
+        self._check_explicit()
         composing: list[str] = []
         entry = self.registry.entries.get(name)
         if unload_dependents and entry is not None and entry.ready:
@@ -482,10 +482,7 @@ class Engine:
             return self.log_settings.update(changes)
         return self.log_settings.as_dict()
 
-    def _check_explicit(self, verb: str) -> None:
+    def _check_explicit(self) -> None:
         if self.options.model_control_mode != "explicit":
-            raise UnavailableError(
-                "explicit model load / unload is not allowed if polling is enabled"
-                if self.options.model_control_mode == "poll"
-                else f"explicit model {verb} is not allowed when --model-control-mode=none"
-            )
+            # tritonserver 2.51's words in both "none" and "poll" mode (checked against the real server)
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")

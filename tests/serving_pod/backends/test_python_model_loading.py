@@ -110,6 +110,6 @@ def test_load_and_unload_are_refused_unless_model_control_is_explicit(threaded_s
     client = server.client("http")
     for verb, action in (("load", "load"), ("unload", "unload")):
         _fails(client, f"Failed to {verb} model: Failed to process the request for model 'loader_0_0', message: "
-                       f"explicit model {verb} is not allowed when --model-control-mode=none", action, "scale")
+                       "explicit model load / unload is not allowed if polling is enabled", action, "scale")
     assert _state(client, "scale") == "READY"
     assert _call(client, "infer", "scale", (2, 3)) == ([4, 6], True)

@@ -61,7 +61,7 @@ def test_load_models_and_control_mode_options(repository: Path) -> None:
         assert engine.is_ready("simple") and not engine.is_ready("identity")
     with Engine(repository, model_control_mode="none") as engine:
         assert engine.is_ready("identity")
-        with pytest.raises(UnavailableError, match="not allowed when --model-control-mode=none"):
+        with pytest.raises(UnavailableError, match="explicit model load / unload is not allowed if polling is enabled"):
             engine.unload("identity")
         engine.bind("double", double, X, Y)  # binding needs no explicit mode
         assert engine.infer("double", {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[2.0, 2.0]]
