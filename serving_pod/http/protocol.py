@@ -30,8 +30,9 @@ from serving_pod.http.limits import GuardedHttpToolsProtocol
 
 log = logging.getLogger("ferry.http")
 
-# raw request targets only: a name with %-escapes, or a query, takes the ASGI path (which unescapes)
-_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%#]+)(?:/versions/([^/?%#]+))?/infer$")
+# plain printable-ASCII targets only: %-escapes, a query or other bytes take the ASGI path (uvicorn's handling)
+_NAME = rb'[!"$&-.0->@-~]+'  # printable ASCII but / ? % #
+_INFER_TARGET = re.compile(rb"^/v2/models/(" + _NAME + rb")(?:/versions/(" + _NAME + rb"))?/infer$")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL = b"Internal Server Error"
 
