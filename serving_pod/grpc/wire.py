@@ -48,7 +48,6 @@ OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
 HEADERS_FOR: dict[bytes | None, bytes] = {
     algorithm: encode_headers(response_header_list(algorithm)) for algorithm in (None, b"gzip", b"deflate")
 }
-RESPONSE_HEADERS = HEADERS_FOR[None]
 #: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
 _RANKING = (b"gzip", b"deflate")
 

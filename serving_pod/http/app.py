@@ -1,9 +1,10 @@
-"""The HTTP adapter: KServe V2 + Triton routes over FastAPI, with a lean ASGI path for ``/infer``.
+"""The HTTP adapter: KServe V2 + Triton routes over FastAPI, with a lean path for ``/infer``.
 
 Every route decodes -> calls the engine -> encodes, and maps ``ServerError`` through
-``core.errors.STATUS_TABLE``. The inference route is served by ``InferEndpoint``, a plain ASGI
-handler placed in front of FastAPI: it skips the framework's routing and validation, which
-dominate per-request cost for small models; every other route is ordinary FastAPI.
+``core.errors.STATUS_TABLE``. An inference request is answered by ``answer_infer``: straight from the
+connection protocol (``http.protocol``) in the common case, else by ``InferEndpoint``, a plain ASGI
+handler in front of FastAPI that skips the framework's routing and validation. Every other route is
+ordinary FastAPI.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class InferHead(NamedTuple):
     header_length: int | None
     encoding: str
     accept: str
-    content_length: int
 
 
 def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
@@ -54,7 +54,7 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
             content_length = int(value) if value.isdigit() else -1
     if content_length > limit:
         raise size_error(content_length, limit)
-    return InferHead(header_length, encoding, accept, content_length)
+    return InferHead(header_length, encoding, accept)
 
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]

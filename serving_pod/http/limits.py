@@ -2,7 +2,7 @@
 
 uvicorn's httptools protocol bounds neither the size of a request's headers nor the time a client
 may take to send a request, so one client trickling bytes (slowloris) could hold connections and
-buffers forever. ``guarded_protocol`` returns a subclass that
+buffers forever. ``GuardedHttpToolsProtocol``, whose limits ``http.protocol.http_protocol`` sets,
 
 - answers 431 and closes when a request's headers exceed ``max_header_bytes``;
 - closes a connection whose current request (headers and body) is not fully received within
@@ -22,7 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """httptools protocol with header-size and read-deadline limits (set by ``guarded_protocol``)."""
+    """httptools protocol with header-size and read-deadline limits (class attributes)."""
 
     max_header_bytes: int = 64 * 1024
     read_timeout_s: float = 60.0
@@ -109,15 +109,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             % (status, reason, len(body), body)
         )
         self.transport.close()
-
-
-def guarded_protocol(*, max_header_bytes: int, read_timeout_s: float) -> type[GuardedHttpToolsProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` with these limits."""
-    return type(
-        "FerryHttpProtocol",
-        (GuardedHttpToolsProtocol,),
-        {"max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s},
-    )
 
 
 class BodyLimit:

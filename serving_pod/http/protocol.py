@@ -52,7 +52,7 @@ class InferCycle:
     """One directly answered infer request: the body as it arrives, and uvicorn's cycle flags."""
 
     __slots__ = ("model", "version", "head", "chunks", "size", "keep_alive", "response_complete",
-                 "disconnected", "more_body", "body")
+                 "disconnected", "more_body")
 
     message_event = _NO_EVENT
 
@@ -65,8 +65,7 @@ class InferCycle:
         self.keep_alive = keep_alive
         self.response_complete = False
         self.disconnected = False
-        self.more_body = True
-        self.body = b""  # uvicorn's attribute; the body is in ``chunks``
+        self.more_body = True  # uvicorn's flag; the body is in ``chunks``
 
 
 class InferHttpProtocol(GuardedHttpToolsProtocol):
@@ -95,7 +94,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         try:
             head = infer_head(self.headers, self.max_input_size)
         except ServerError as error:
-            cycle = self.cycle = InferCycle("", "", InferHead(None, "", "", -1), keep_alive)
+            cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
             return True
         self.cycle = InferCycle(match.group(1).decode(), version.decode() if version else "", head, keep_alive)
