@@ -23,10 +23,21 @@ class Clock(Protocol):
     def call_later(self, delay_ns: int, callback: Callable[[], None]) -> TimerHandle: ...
 
 
+def early_delay_s(delay_ns: int) -> float:
+    """A timer delay in seconds that never fires after ``delay_ns``: its whole milliseconds only.
+
+    uvloop keeps timers in whole milliseconds and rounds to the nearest, so 1.5 ms would fire at 2 ms,
+    half a millisecond past a ``max_queue_delay_microseconds`` of 1500. Callers re-check when the timer
+    fires and wait again for what is left; under a millisecond that is the next loop iteration.
+    """
+    return (delay_ns // 1_000_000) / 1000
+
+
 class LoopClock:
     """``time.monotonic_ns`` and the event loop's timers (both read the same monotonic clock)."""
 
     now_ns = staticmethod(time.monotonic_ns)
 
     def call_later(self, delay_ns: int, callback: Callable[[], None]) -> TimerHandle:
-        return asyncio.get_running_loop().call_later(delay_ns / 1e9, callback)
+        """Fires ``callback`` at most ``delay_ns`` from now (``early_delay_s``); the caller re-checks."""
+        return asyncio.get_running_loop().call_later(early_delay_s(delay_ns), callback)

@@ -37,6 +37,7 @@ import numpy as np
 
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.schedulers.clock import early_delay_s
 from serving_pod.schedulers.instances import InstancePool
 from serving_pod.schedulers.sequence_batch import StateIO, run_padded
 from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
@@ -234,7 +235,7 @@ class SequenceScheduler:
             wait_ns = self._delay_left(picks)
             if wait_ns > 0:
                 try:
-                    await asyncio.wait_for(lane.wake.wait(), wait_ns / 1e9)
+                    await asyncio.wait_for(lane.wake.wait(), early_delay_s(wait_ns))
                 except asyncio.TimeoutError:
                     pass
                 if self._delay_left(self._heads(lane)) > 0:

@@ -23,6 +23,7 @@ from serving_pod.core.errors import InvalidArgumentError, UnavailableError
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
+from serving_pod.schedulers.clock import early_delay_s
 from serving_pod.schedulers.dynamic import DynamicScheduler
 from serving_pod.schedulers.instances import InstancePool
 
@@ -163,6 +164,36 @@ async def test_queue_delay_holds_a_partial_batch_until_it_expires() -> None:
     await asyncio.sleep(0.05)
     assert instances[0].executions == []
     clock.advance(1_000_000)
+    await asyncio.gather(*futures)
+    assert instances[0].executions == [[1, 1, 1]]
+
+
+class MillisecondClock(ManualClock):
+    """Timers as ``LoopClock`` arms them on uvloop: whole milliseconds (``early_delay_s``), so they fire early."""
+
+    def call_later(self, delay_ns: int, callback: Callable[[], None]) -> Any:
+        return super().call_later(round(early_delay_s(delay_ns) * 1e9), callback)
+
+
+def test_timer_delays_are_whole_milliseconds_never_later() -> None:
+    assert early_delay_s(1_500_000) == 0.001  # uvloop would round 1.5 ms up to 2 ms
+    assert early_delay_s(999_999) == 0.0  # under a millisecond: the next loop iteration
+    assert early_delay_s(2_000_000) == 0.002
+
+
+async def test_queue_delay_is_kept_when_the_timer_fires_early() -> None:
+    clock = MillisecondClock()
+    scheduler, instances, stats = make("max_queue_delay_microseconds: 1500", max_batch=8, delay_ms=0, clock=clock)
+    futures = [asyncio.ensure_future(scheduler.submit(request(i))) for i in range(3)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    clock.advance(1_000_000)  # the whole-millisecond timer fires with 0.5 ms left: the batch keeps waiting
+    await asyncio.sleep(0.05)
+    assert instances[0].executions == []
+    clock.advance(499_000)
+    await asyncio.sleep(0.05)
+    assert instances[0].executions == []
+    clock.advance(1_000)
     await asyncio.gather(*futures)
     assert instances[0].executions == [[1, 1, 1]]
 
