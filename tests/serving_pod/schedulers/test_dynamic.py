@@ -153,21 +153,6 @@ async def test_requests_with_several_rows_fill_max_batch_size() -> None:
     assert stats.inference_count == 7
 
 
-async def test_queue_delay_holds_a_partial_batch_until_it_expires() -> None:
-    clock = ManualClock()
-    scheduler, instances, stats = make("max_queue_delay_microseconds: 100000", max_batch=8, delay_ms=0, clock=clock)
-    futures = [asyncio.ensure_future(scheduler.submit(request(i))) for i in range(3)]
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert instances[0].executions == [] and scheduler.pending() == 3
-    clock.advance(99_000_000)
-    await asyncio.sleep(0.05)
-    assert instances[0].executions == []
-    clock.advance(1_000_000)
-    await asyncio.gather(*futures)
-    assert instances[0].executions == [[1, 1, 1]]
-
-
 class MillisecondClock(ManualClock):
     """Timers as ``LoopClock`` arms them on uvloop: whole milliseconds (``early_delay_s``), so they fire early."""
 
@@ -181,19 +166,24 @@ def test_timer_delays_are_whole_milliseconds_never_later() -> None:
     assert early_delay_s(2_000_000) == 0.002
 
 
-async def test_queue_delay_is_kept_when_the_timer_fires_early() -> None:
-    clock = MillisecondClock()
-    scheduler, instances, stats = make("max_queue_delay_microseconds: 1500", max_batch=8, delay_ms=0, clock=clock)
+@pytest.mark.parametrize("clock_type,delay_us,steps", [
+    (ManualClock, 100_000, [99_000_000]),
+    # the whole-millisecond timer fires with 0.5 ms left, then each re-check finds time left: the batch waits
+    (MillisecondClock, 1_500, [1_000_000, 499_000]),
+], ids=["exact-timer", "early-timer"])
+async def test_queue_delay_holds_a_partial_batch_until_it_expires(clock_type, delay_us, steps) -> None:
+    clock = clock_type()
+    scheduler, instances, stats = make(f"max_queue_delay_microseconds: {delay_us}", max_batch=8, delay_ms=0,
+                                       clock=clock)
     futures = [asyncio.ensure_future(scheduler.submit(request(i))) for i in range(3)]
     for _ in range(20):
         await asyncio.sleep(0)
-    clock.advance(1_000_000)  # the whole-millisecond timer fires with 0.5 ms left: the batch keeps waiting
-    await asyncio.sleep(0.05)
-    assert instances[0].executions == []
-    clock.advance(499_000)
-    await asyncio.sleep(0.05)
-    assert instances[0].executions == []
-    clock.advance(1_000)
+    assert instances[0].executions == [] and scheduler.pending() == 3
+    for step in steps:
+        clock.advance(step)
+        await asyncio.sleep(0.05)
+        assert instances[0].executions == []
+    clock.advance(delay_us * 1000 - sum(steps))
     await asyncio.gather(*futures)
     assert instances[0].executions == [[1, 1, 1]]
 
