@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=0, help="re-runs of a point that never stabilized")
     p.add_argument("--ferry-arg", action="append", default=[], help="extra ferry-server flag (repeatable)")
     p.add_argument("--ferry-variant", action="append", default=[], metavar="NAME=ARGS",
-                   help="another Ferry configuration in the rotation, e.g. 'w2=--workers=2'")
+                   help="another Ferry configuration in the rotation, e.g. 'w2=--http-workers=2'")
     p.add_argument("--triton-arg", action="append", default=[], help="extra tritonserver flag (repeatable)")
     p.add_argument("--soak-minutes", type=float, default=0.0, help="c=16 load on Ferry sampling RSS")
     p.add_argument("--soak-protocols", default="http", help="comma list of http, grpc: one soak each")
