@@ -75,8 +75,7 @@ def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
     settings: dict[str, Any] = {"http": http_protocol(
         engine=engine, max_input_size=options.http_max_input_size,
         max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs,
-        # a guarded inference group needs the ASGI guard in front of the route
-        direct_infer="inference" not in (options.http_restrictions or {}),
+        restrictions=options.http_restrictions,
     )}
     tls = options.http_tls
     if tls is not None:

@@ -163,11 +163,15 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
 
 
 def http_protocol(
-    *, engine: Engine, max_input_size: int, max_header_bytes: int, read_timeout_s: float, direct_infer: bool = True
+    *, engine: Engine, max_input_size: int, max_header_bytes: int, read_timeout_s: float,
+    restrictions: dict[str, Any] | None = None,
 ) -> type[InferHttpProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` serving ``engine`` with these limits."""
+    """A protocol class for ``uvicorn.Config(http=...)`` serving ``engine`` with these limits.
+
+    A restricted ``inference`` group turns the direct path off: the ASGI guard must see those requests.
+    """
     settings: dict[str, Any] = {
         "engine": engine, "max_input_size": max_input_size, "max_header_bytes": max_header_bytes,
-        "read_timeout_s": read_timeout_s, "direct_infer": direct_infer,
+        "read_timeout_s": read_timeout_s, "direct_infer": "inference" not in (restrictions or {}),
     }
     return type("FerryHttpProtocol", (InferHttpProtocol,), settings)

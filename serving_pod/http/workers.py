@@ -418,7 +418,7 @@ def worker_main(argv: list[str]) -> int:
     protocol = http_protocol(
         engine=RemoteEngine(client), max_input_size=max_input_size,  # type: ignore[arg-type]
         max_header_bytes=settings["max_header_bytes"], read_timeout_s=settings["read_timeout_s"],
-        direct_infer="inference" not in restrictions,
+        restrictions=restrictions,
     )
     config = uvicorn.Config(
         worker_app(client, max_input_size, restrictions), loop="uvloop", http=protocol, lifespan="off",
