@@ -32,6 +32,7 @@ FLAG_PRIORITY = 0x20
 
 SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_ENABLE_PUSH = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
@@ -43,9 +44,14 @@ ENHANCE_YOUR_CALM = 0xB
 DEFAULT_WINDOW = 65535
 DEFAULT_MAX_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
-#: what this server grants: receive windows are replenished once half is consumed
+#: what this server grants: receive windows are replenished once half is received. A frame is at most
+#: MAX_RECEIVE_FRAME (an eighth of the window), so no frame can overrun a window this side tracks; what one
+#: call may buffer is bounded by the maximum message size instead.
 RECEIVE_WINDOW = 8 * 1024 * 1024
 MAX_RECEIVE_FRAME = 1024 * 1024
+#: open streams one connection may have; beyond it a new stream is refused (REFUSED_STREAM, the client may
+#: retry it), so a client cannot hold unbounded calls and their buffers. gRPC clients queue calls past it.
+MAX_CONCURRENT_STREAMS = 1024
 
 _HEADER = struct.Struct(">BHBBI")
 _U32 = struct.Struct(">I")
@@ -138,6 +144,7 @@ class H2Connection(asyncio.Protocol):
         self.handler = self._handler_factory(self)
         settings = [
             (SETTINGS_ENABLE_PUSH, 0),
+            (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
             (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
             (SETTINGS_MAX_FRAME_SIZE, MAX_RECEIVE_FRAME),
             (SETTINGS_MAX_HEADER_LIST_SIZE, self._max_header_list_size),
@@ -321,7 +328,7 @@ class H2Connection(asyncio.Protocol):
         self._last_stream = stream_id
         stream = Stream(stream_id, self.peer_initial_window)
         stream.remote_closed = end_stream
-        if self._going_away:
+        if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
             self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         self.streams[stream_id] = stream

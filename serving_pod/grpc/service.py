@@ -20,6 +20,7 @@ from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
 from serving_pod.grpc.codec import decode_infer_request, encode_infer_response
 from serving_pod.grpc.extensions import ExtensionsMixin
+from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
 
 log = logging.getLogger("ferry.grpc")
 
@@ -28,6 +29,7 @@ SERVER_OPTIONS = [
     ("grpc.max_send_message_length", INT32_MAX),
     ("grpc.max_receive_message_length", INT32_MAX),
     ("grpc.so_reuseport", 0),
+    ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),  # the same limit as the native front end
 ]
 
 
@@ -253,7 +255,7 @@ def create_server(
         ("grpc.max_send_message_length", max_message_size),
         ("grpc.max_receive_message_length", max_message_size),
         ("grpc.max_metadata_size", max_metadata_size),
-        *[o for o in SERVER_OPTIONS if not o[0].startswith("grpc.max_")],
+        *[o for o in SERVER_OPTIONS if not o[0].endswith("_message_length")],
     ]
     if keepalive is not None:
         options += [

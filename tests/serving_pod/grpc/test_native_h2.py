@@ -476,6 +476,28 @@ def test_200_concurrent_streams_on_one_connection(server):
         np.testing.assert_array_equal(output, np.full((1, 4), index, dtype=np.float32))
 
 
+def test_streams_beyond_the_concurrent_limit_refused(front_end, raw):
+    """MAX_CONCURRENT_STREAMS is advertised; a client that opens one more gets REFUSED_STREAM on it, the
+    connection and the open streams go on, and a stream freed makes room for a new one. Both front ends."""
+    from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
+
+    client = raw(front_end)
+    client.until(lambda: client.conn.remote_settings.max_concurrent_streams == MAX_CONCURRENT_STREAMS)
+    # this client ignores the advertised limit (python-hyper's h2 would enforce it on the client side)
+    client.conn.remote_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 2**31 - 1
+    client.conn.remote_settings.acknowledge()
+    body = grpc_frame(infer_request(values=(5, 6, 7, 8)))
+    held = [client.send(body[:3], end=False) for _ in range(MAX_CONCURRENT_STREAMS)]  # half-sent requests
+    refused = client.reply(client.send(body))
+    assert refused.reset == 0x7 and not refused.headers  # REFUSED_STREAM: never started
+    client.send_data(held[0], body[3:], True)  # one held request completes, freeing its stream
+    reply = client.reply(held[0])
+    assert reply.status == 0, reply.message
+    assert reply.infer_output() == [5, 6, 7, 8]
+    assert_raw_serving(client)  # the freed slot takes a new stream
+    assert client.terminated() is None
+    assert_serving(front_end)
+
 # -- 11. header list size -----------------------------------------------------------------------------------
 
 
