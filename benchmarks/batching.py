@@ -122,14 +122,15 @@ def plot(summaries: list[report.Summary], path: Path, title: str) -> str:
 
 def format_table(summaries: list[report.Summary]) -> str:
     by = {(s.server, s.concurrency): s for s in summaries}
-    lines = [f"{'conc':>4} {'batched infer/s':>16} {'p99 ms':>7} {'unbatched infer/s':>18} {'p99 ms':>7} {'ratio':>6}"]
+    lines = [f"{'conc':>4} {'batched infer/s':>16} {'p99 ms':>7} {'unbatched infer/s':>18} {'p99 ms':>7} {'ratio':>6} "
+             f"{'server CPU us/inf b/u':>22}"]
     for level in sorted({s.concurrency for s in summaries}):
         b, u = by.get((BATCHED, level)), by.get((UNBATCHED, level))
         if b is None or u is None:
             continue
         ratio = b.throughput / u.throughput if u.throughput else float("nan")
         lines.append(f"{level:>4} {b.throughput:>16.1f} {b.p99_us / 1000:>7.2f} {u.throughput:>18.1f} "
-                     f"{u.p99_us / 1000:>7.2f} {ratio:>6.2f}")
+                     f"{u.p99_us / 1000:>7.2f} {ratio:>6.2f} {b.server_cpu_us:>10.0f} / {u.server_cpu_us:<9.0f}")
     return "\n".join(lines)
 
 
@@ -166,13 +167,14 @@ def main(argv: list[str] | None = None) -> int:
                 for label in order:
                     point = perfcsv.PerfSpec(names[label], url, args.protocol, level, args.measurement_interval,
                                              99, max_trials=args.max_trials)
-                    res = loadgen.run_point(pa.command(), pa.env, point, work, f"{label}-c{level}-r{round_no}")
-                    measurements.append(report.Measurement(label, args.protocol, level, round_no, res.throughput,
-                                                           res.p99_us, res.stable))
+                    res, measurement, used = loadgen.measure_point(
+                        pa.command(), pa.env, point, work, f"{label}-c{level}-r{round_no}", server=label,
+                        round_no=round_no, server_pid=srv.pid, http_port=ports.http)
+                    measurements.append(measurement)
                     head = f"  [{round_no}] c={level:<3} {label:<9}"
                     note = "" if res.stable else " (unstable)"
-                    print(f"{head} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}"
-                          if res.ok else f"{head} FAILED: {res.error}", flush=True)
+                    print(f"{head} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}  "
+                          f"{used.describe()}" if res.ok else f"{head} FAILED: {res.error}", flush=True)
         avg_batch = {label: batch_size(ports.http, name) for label, name in names.items()}
     summaries = report.summarize(measurements)
     ratio = next((r for r in report.ratios(summaries, UNBATCHED) if r.concurrency == TARGET_CONCURRENCY), None)

@@ -154,12 +154,14 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
             for conc in args.concurrency_levels:
                 point = perfcsv.PerfSpec(args.model, url, protocol, conc, args.measurement_interval, 99,
                                          args.stability_percentage, args.max_trials)
-                res = loadgen.run_point(pa.command(), pa.env, point, log_dir,
-                                        f"{spec.name}-r{round_no}-{protocol}-c{conc}", retries=args.retries)
-                measurements.append(report.Measurement(spec.name, protocol, conc, round_no, res.throughput,
-                                                       res.p99_us, res.stable))
+                res, measurement, used = loadgen.measure_point(
+                    pa.command(), pa.env, point, log_dir, f"{spec.name}-r{round_no}-{protocol}-c{conc}",
+                    server=spec.name, round_no=round_no, server_pid=srv.pid, http_port=ports.http,
+                    retries=args.retries)
+                measurements.append(measurement)
                 status = (f"{res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:6.2f} ms"
                           + ("" if res.stable else "  (unstable: medians of windows)")
+                          + f"  {used.describe()}"
                           if res.ok else f"FAILED: {res.error}")
                 print(f"    {protocol:<4} c={conc:<3} {status}", flush=True)
                 if not srv.alive():

@@ -4,7 +4,8 @@ Each run writes ``<name>.csv`` and ``<name>.log`` (its stdout) into the run's lo
 2 when its windows never agree within the stability percentage (on a shared 2-core box p99 jumps between
 windows while throughput holds). Such a point is retried ``retries`` times with the same flags, then taken
 as the medians of its windows and flagged ``stable=False`` — the same treatment for every server.
-Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
+``measure_point`` also reads the server's CPU per inference around the run (``cpu``) and gives the round's
+``report.Measurement``. Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import perfcsv
+from benchmarks import cpu, perfcsv, report
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,15 @@ def run_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.Perf
         if attempt == retries + 1 and estimate is not None:
             return PointResult(spec, estimate[0], estimate[1], False, breakdown, attempt)
     return PointResult(spec, nan, nan, False, (), retries + 1, error)
+
+
+def measure_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.PerfSpec, log_dir: Path, name: str,
+                  *, server: str, round_no: int, server_pid: int, http_port: int,
+                  retries: int = 0) -> tuple[PointResult, report.Measurement, cpu.CpuShare]:
+    """``run_point`` with the server's and the client's CPU per inference of ``spec.model`` around it."""
+    before = cpu.sample(server_pid, http_port, spec.model)
+    res = run_point(command, env, spec, log_dir, name, retries=retries)
+    used = cpu.share(before, cpu.sample(server_pid, http_port, spec.model))
+    measurement = report.Measurement(server, spec.protocol, spec.concurrency, round_no, res.throughput, res.p99_us,
+                                     res.stable, used.server_us, used.client_us, used.processes, used.busy)
+    return res, measurement, used

@@ -25,6 +25,8 @@ class Measurement:
     """One perf_analyzer point in one round; NaN figures mark a point that failed.
 
     ``stable=False``: perf_analyzer's windows never agreed, figures are medians of its windows.
+    ``server_cpu_us``, ``client_cpu_us``, ``cpu_processes`` (name, µs per server process) and ``cores_busy``:
+    CPU per inference as ``cpu.CpuShare`` measured it; NaN and () when unmeasured.
     """
 
     server: str
@@ -34,6 +36,10 @@ class Measurement:
     throughput: float
     p99_us: float
     stable: bool = True
+    server_cpu_us: float = math.nan
+    client_cpu_us: float = math.nan
+    cpu_processes: tuple[tuple[str, float], ...] = ()
+    cores_busy: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -51,6 +57,8 @@ class Summary:
     p99_us: float
     rounds: int
     unstable: int = 0
+    server_cpu_us: float = math.nan
+    client_cpu_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,14 @@ def summarize(measurements: Iterable[Measurement]) -> list[Summary]:
     for (server, protocol, concurrency), items in groups.items():
         good = [m for m in items if m.ok]
         out.append(Summary(server, protocol, concurrency, median([m.throughput for m in good]),
-                           median([m.p99_us for m in good]), len(good), sum(not m.stable for m in good)))
+                           median([m.p99_us for m in good]), len(good), sum(not m.stable for m in good),
+                           _finite_median([m.server_cpu_us for m in good]),
+                           _finite_median([m.client_cpu_us for m in good])))
     return out
+
+
+def _finite_median(values: Sequence[float]) -> float:
+    return median([v for v in values if math.isfinite(v)])
 
 
 def _divide(a: float, b: float) -> float:
@@ -113,12 +127,14 @@ def _fmt(value: float, spec: str) -> str:
 
 def format_table(summaries: Sequence[Summary], ratio_rows: Sequence[Ratio]) -> str:
     """Plain-text table: one line per point and server, then the ratios with the targets' verdicts."""
-    lines = [f"{'server':<16} {'proto':<5} {'conc':>4} {'infer/s':>10} {'p99 ms':>8} {'rounds':>6}"]
+    lines = [f"{'server':<16} {'proto':<5} {'conc':>4} {'infer/s':>10} {'p99 ms':>8} {'rounds':>6} "
+             f"{'server CPU us/inf':>17} {'client CPU us/inf':>17}"]
     order = sorted(summaries, key=lambda s: (s.protocol, s.concurrency))
     for s in order:
         rounds = f"{s.rounds}" + (f" ({s.unstable} unstable)" if s.unstable else "")
         lines.append(f"{s.server:<16} {s.protocol:<5} {s.concurrency:>4} {_fmt(s.throughput, '.1f'):>10} "
-                     f"{_fmt(s.p99_us / 1000, '.2f'):>8} {rounds:>6}")
+                     f"{_fmt(s.p99_us / 1000, '.2f'):>8} {rounds:>6} {_fmt(s.server_cpu_us, '.0f'):>17} "
+                     f"{_fmt(s.client_cpu_us, '.0f'):>17}")
     if ratio_rows:
         lines += ["", f"{'ratio':<24} {'proto':<5} {'conc':>4} {'thr x':>7} {'p99 x':>7}  "
                       f"targets (thr >= {THROUGHPUT_TARGET}, p99 <= {P99_TARGET})"]

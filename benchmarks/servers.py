@@ -161,6 +161,12 @@ class Server:
         self.startup_s = time.monotonic() - began
         return self.startup_s
 
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise ServerError(f"{self.spec.name} is not running")
+        return self.proc.pid
+
     def rss_bytes(self) -> int:
         return tree_rss_bytes(self.proc.pid) if self.proc else 0
 

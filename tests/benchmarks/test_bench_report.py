@@ -70,6 +70,16 @@ def test_format_table_shows_figures_ratios_and_verdicts() -> None:
     assert "thr OK, p99 OK" in table and "thr MISS, p99 MISS" in table
 
 
+def test_cpu_per_inference_medians_skip_unmeasured_rounds_and_show_in_the_table() -> None:
+    (s,) = report.summarize([M("ferry", "http", 16, 1, 100, 10, True, 70.0, 50.0, (("server", 70.0),), 0.8),
+                             M("ferry", "http", 16, 2, 110, 10, True, 80.0, 56.0),
+                             M("ferry", "http", 16, 3, 120, 10, True, NAN, NAN)])
+    assert (s.server_cpu_us, s.client_cpu_us) == (75.0, 53.0)
+    header, line = report.format_table([s], []).splitlines()
+    assert "server CPU us/inf" in header and "client CPU us/inf" in header
+    assert line.split()[-2:] == ["75", "53"]
+
+
 def test_growth() -> None:
     assert report.growth(100.0, 105.0) == pytest.approx(0.05)
     assert math.isnan(report.growth(0.0, 5.0))
@@ -83,7 +93,8 @@ def test_json_writes_nan_as_null_and_csv_has_header(tmp_path: Path) -> None:
     report.write_csv(tmp_path / "r.csv", summaries)
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert rows[0] == {"server": "triton", "protocol": "http", "concurrency": "1", "throughput": "950",
-                       "p99_us": "3400", "rounds": "3", "unstable": "0"}
+                       "p99_us": "3400", "rounds": "3", "unstable": "0", "server_cpu_us": "nan",
+                       "client_cpu_us": "nan"}
 
 
 def test_rss_at_picks_the_nearest_sample() -> None:
