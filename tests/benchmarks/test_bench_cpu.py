@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from benchmarks import cpu, servers
+from benchmarks import cpu, loadgen, perfcsv, servers
+from support.perf_analyzer import perf_analyzer_cmd
 from support.server import ServerThread, make_options, test_model_config, write_model
 
 
@@ -83,3 +85,23 @@ def test_inference_count_from_a_real_server(tmp_path: Path) -> None:
         assert cpu.inference_count(port, "no_such_model") == -1
     finally:
         thread.stop()
+
+
+@pytest.mark.perf_analyzer
+def test_measure_point_gives_cpu_per_inference_of_a_real_run(tmp_path: Path) -> None:
+    """perf_analyzer against an in-process server: this process is the server, perf_analyzer the client."""
+    binary, env = perf_analyzer_cmd()
+    write_model(tmp_path / "repo", "fp32", test_model_config("fp32"))
+    thread = ServerThread(make_options([tmp_path / "repo"]))
+    handle = thread.start()
+    try:
+        spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2, 500, 99, max_trials=3)
+        res, measurement, used = loadgen.measure_point(
+            [str(binary)], env, spec, tmp_path / "logs", "point", server="ferry", round_no=1,
+            server_pid=os.getpid(), http_port=handle.server.http_port)
+    finally:
+        thread.stop()
+    assert res.ok and res.throughput > 0
+    assert (measurement.server, measurement.protocol, measurement.concurrency) == ("ferry", "http", 2)
+    assert measurement.server_cpu_us == used.server_us > 0 and measurement.client_cpu_us == used.client_us > 0
+    assert used.processes[0][0] == "server" and 0 < used.busy <= 1.0 + 1e-6
