@@ -13,11 +13,9 @@ the servers' average batch sizes, and writes JSON, CSV and a throughput-vs-p99 p
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import sys
-import urllib.request
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,8 +83,7 @@ def make_repository(source: Path, dest: Path) -> dict[str, str]:
 def batch_size(port: int, model: str) -> float:
     """Average executed batch size from the server's statistics (inference_count / execution_count)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as resp:
-            (stats,) = json.load(resp)["model_stats"]
+        (stats,) = servers.model_stats(port, model)
         return stats["inference_count"] / stats["execution_count"] if stats["execution_count"] else float("nan")
     except (OSError, ValueError, KeyError):
         return float("nan")

@@ -1,25 +1,25 @@
 """CPU time per inference around one perf_analyzer point: the server's processes, one by one, and the client.
 
-Throughput alone cannot say where a small machine's time went. Around a point, ``CpuMeter`` reads the CPU
+Throughput alone cannot say where a small machine's time went. Around a point, ``sample`` reads the CPU
 seconds (user + system) of the server's process tree (each process apart: Ferry's engine process and its
 ``--http-workers``, Triton and its python stubs), of this process's finished children (perf_analyzer, which
 the point waited for), and the model's ``inference_count`` from the statistics extension that both servers
 answer. ``CpuShare`` divides them: microseconds of CPU per inference, and how busy the machine's cores were.
-Neighbours: ``servers`` (the process under test), ``compare_triton`` (caller).
+Neighbours: ``servers`` (the process tree and its statistics), ``loadgen.measure_point`` (caller).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import resource
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import psutil
+
+from benchmarks import servers
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,7 @@ class CpuShare:
 def process_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """(name, CPU seconds) of ``pid`` and its descendants; processes that vanish meanwhile are left out."""
     out: dict[int, tuple[str, float]] = {}
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
-    except psutil.NoSuchProcess:
-        return out
-    for proc in procs:
+    for proc in servers.process_tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             times = proc.cpu_times()
             name = "server" if proc.pid == pid else proc.name()
@@ -71,13 +66,11 @@ def process_cpu(pid: int) -> dict[int, tuple[str, float]]:
 
 def inference_count(http_port: int, model: str) -> int:
     """The model's ``inference_count`` summed over versions (-1 when the statistics cannot be read)."""
-    url = f"http://127.0.0.1:{http_port}/v2/models/{model}/stats"
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            stats = json.load(resp)
-    except (OSError, ValueError):
+        stats = servers.model_stats(http_port, model)
+    except (OSError, ValueError, KeyError):
         return -1
-    return sum(int(m.get("inference_count", 0)) for m in stats.get("model_stats", []))
+    return sum(int(m.get("inference_count", 0)) for m in stats)
 
 
 def sample(pid: int, http_port: int, model: str) -> CpuSample:

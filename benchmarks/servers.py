@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,15 +116,28 @@ def wait_bindable(ports: Ports, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident set size of a process and all its descendants (0 once it is gone)."""
+def model_stats(port: int, model: str) -> list[dict]:
+    """The ``model_stats`` entries of ``GET /v2/models/<model>/stats`` (both servers answer it).
+
+    Raises OSError or ValueError when the statistics cannot be read.
+    """
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as resp:
+        return list(json.load(resp)["model_stats"])
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and its descendants, the root first, then by pid ([] once it is gone)."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
     except psutil.NoSuchProcess:
-        return 0
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident set size of a process and all its descendants (0 once it is gone)."""
     total = 0
-    for proc in procs:
+    for proc in process_tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             total += proc.memory_info().rss
     return total

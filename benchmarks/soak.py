@@ -7,11 +7,9 @@ never pauses. Neighbours: ``servers`` (process and RSS), ``compare_triton`` (cal
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +44,7 @@ def rss_at(samples: tuple[tuple[float, float], ...], at_s: float) -> float:
 def success_count(port: int, model: str) -> int:
     """The model's ``inference_stats.success.count`` (-1 when it cannot be read)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as resp:
-            return int(sum(s["inference_stats"]["success"]["count"] for s in json.load(resp)["model_stats"]))
+        return int(sum(s["inference_stats"]["success"]["count"] for s in servers.model_stats(port, model)))
     except (OSError, ValueError, KeyError):
         return -1
 

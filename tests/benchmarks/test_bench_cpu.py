@@ -18,13 +18,9 @@ from support.perf_analyzer import perf_analyzer_cmd
 from support.server import ServerThread, make_options, test_model_config, write_model
 
 
-def _sample(wall: float, processes: dict, children: float, inferences: int) -> cpu.CpuSample:
-    return cpu.CpuSample(wall, processes, children, inferences)
-
-
 def test_share_divides_each_process_and_the_client_by_the_inferences() -> None:
-    before = _sample(10.0, {1: ("server", 1.0), 2: ("python", 0.5), 3: ("gone", 0.1)}, 2.0, 1000)
-    after = _sample(12.0, {1: ("server", 1.6), 2: ("python", 0.7), 4: ("late", 0.3)}, 2.5, 11_000)
+    before = cpu.CpuSample(10.0, {1: ("server", 1.0), 2: ("python", 0.5), 3: ("gone", 0.1)}, 2.0, 1000)
+    after = cpu.CpuSample(12.0, {1: ("server", 1.6), 2: ("python", 0.7), 4: ("late", 0.3)}, 2.5, 11_000)
     used = cpu.share(before, after, cpus=2)
     # 10,000 inferences: 0.6 s and 0.2 s of server CPU, 0.5 s of client CPU; processes not in both are left out
     assert used.processes == (("server", pytest.approx(60.0)), ("python", pytest.approx(20.0)))
@@ -35,7 +31,8 @@ def test_share_divides_each_process_and_the_client_by_the_inferences() -> None:
 
 @pytest.mark.parametrize("before_count, after_count", [(-1, 50), (50, 50), (50, -1)])
 def test_share_is_nan_without_counted_inferences(before_count: int, after_count: int) -> None:
-    used = cpu.share(_sample(0, {1: ("server", 0)}, 0, before_count), _sample(1, {1: ("server", 1)}, 1, after_count))
+    before = cpu.CpuSample(0, {1: ("server", 0)}, 0, before_count)
+    used = cpu.share(before, cpu.CpuSample(1, {1: ("server", 1)}, 1, after_count))
     assert math.isnan(used.server_us) and math.isnan(used.client_us) and used.processes == ()
     assert used.describe() == "CPU n/a"
 
