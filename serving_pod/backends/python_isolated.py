@@ -15,6 +15,7 @@ unloaded, or it crashed and a fresh child re-runs ``initialize``).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import itertools
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable
 
 from serving_pod.backends import pb_metrics, pb_model_loader
 from serving_pod.backends.pb_metrics import metric_store
@@ -39,6 +40,9 @@ from serving_pod.core.types import InferRequest
 
 _log = logging.getLogger(__name__)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: executions whose input tensors total more than this go through the instance's thread: writing them
+#: to the child's pipe could stall the event loop while the child drains it
+LOOP_SEND_LIMIT = 48 * 1024
 
 
 def resolve_environment(env_path: str, model_name: str) -> str:
@@ -138,6 +142,24 @@ class _Child:
             self.process.wait(timeout=5)
 
 
+def _input_bytes(requests: list[InferRequest], limit: int) -> int:
+    """Bytes the requests' input tensors carry (BYTES elements counted by length), up to just past ``limit``."""
+    size = 0
+    for request in requests:
+        for tensor in request.inputs:
+            data = tensor.data
+            if data.dtype == object:
+                for item in data.flat:
+                    size += len(item) if isinstance(item, (bytes, str)) else 8
+                    if size > limit:
+                        return size
+            else:
+                size += data.nbytes
+            if size > limit:
+                return size
+    return size
+
+
 class IsolatedInstance:
     """A python model instance living in its own process (same contract as in-process)."""
 
@@ -165,7 +187,7 @@ class IsolatedInstance:
             child.reader, child.writer, name=f"python-model-{self._label}",
             on_call=partial(self._on_call, child), on_post=partial(self._on_post, child),
             schedule=self._pool.submit, inline=frozenset({"cancelled", "metric"}),
-            on_close=partial(self._on_child_gone, child),
+            on_close=partial(self._on_child_gone, child), loop=self._reading_loop(),
         )
         self._child, self._channel, child.channel = child, channel, channel
         channel.start()
@@ -187,6 +209,17 @@ class IsolatedInstance:
             raise errors.ModelLoadError(
                 f"failed to load python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
             ) from None
+
+    def _reading_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The engine's running loop, for the channel to read on; None off an engine or on the loop's thread
+        (starting waits for the child's ``initialize``, which needs the loop to read the answer)."""
+        loop = getattr(self._engine, "loop", None)
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return None
+        try:
+            return None if asyncio.get_running_loop() is loop else loop
+        except RuntimeError:
+            return loop
 
     def _crash_error(self, child: _Child) -> errors.InternalError:
         detail = child.describe_exit()
@@ -241,6 +274,39 @@ class IsolatedInstance:
                 return [errors.UnavailableError(exc.message) for _ in requests]
         child, channel = self._child, self._channel
         assert child is not None and channel is not None
+        keys, shipped = self._ship(child, requests)
+        try:
+            results = channel.call("execute", keys, shipped).result()
+        except ConnectionError:
+            return self._lost(child, len(requests))
+        except Exception as exc:
+            return self._failed(exc, len(requests))
+        self._settle(child, keys, results)
+        return results
+
+    def execute_on_loop(self, requests: list[InferRequest]) -> Awaitable[list[Any]] | None:
+        """``execute`` awaited on the event loop with no thread in between, when the channel reads there
+        and the inputs are small; None: use ``execute`` on the instance's thread this time."""
+        child, channel = self._child, self._channel
+        if child is None or channel is None or channel.closed or not channel.on_loop:
+            return None
+        if _input_bytes(requests, LOOP_SEND_LIMIT) > LOOP_SEND_LIMIT:
+            return None
+        return self._execute_on_loop(child, channel, requests)
+
+    async def _execute_on_loop(self, child: _Child, channel: Channel, requests: list[InferRequest]) -> list[Any]:
+        keys, shipped = self._ship(child, requests)
+        try:
+            results = await channel.call_async("execute", keys, shipped)
+        except ConnectionError:  # naming the exit waits for the child: off the loop
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(requests))
+        except Exception as exc:
+            return self._failed(exc, len(requests))
+        self._settle(child, keys, results)
+        return results
+
+    def _ship(self, child: _Child, requests: list[InferRequest]) -> tuple[list[int], list[InferRequest]]:
+        """Register ``requests`` with the child and the picklable copies that travel to it."""
         keys: list[int] = []
         shipped: list[InferRequest] = []
         with self._lock:
@@ -253,21 +319,23 @@ class IsolatedInstance:
                     request.id, request.parameters, request.arrival_ns,
                     responder=request.responder is not None, cancelled=request.cancelled is not None,
                 ))
-        try:
-            results = channel.call("execute", keys, shipped).result()
-        except ConnectionError:
-            if self._spec.decoupled:  # the responders get the error (``_on_child_gone``)
-                return [None] * len(requests)
-            error = self._crash_error(child)
-            return [errors.InternalError(error.message) for _ in requests]
-        except Exception as exc:
-            message = f"python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
-            results = [errors.InternalError(message) for _ in requests]
+        return keys, shipped
+
+    def _settle(self, child: _Child, keys: list[int], results: list[Any]) -> None:
         with self._lock:
             for key, result in zip(keys, results):
                 if not self._spec.decoupled or result is not None:
                     child.requests.pop(key, None)
-        return results
+
+    def _lost(self, child: _Child, count: int) -> list[Any]:
+        if self._spec.decoupled:  # the responders get the error (``_on_child_gone``)
+            return [None] * count
+        error = self._crash_error(child)
+        return [errors.InternalError(error.message) for _ in range(count)]
+
+    def _failed(self, exc: Exception, count: int) -> list[Any]:
+        message = f"python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
+        return [errors.InternalError(message) for _ in range(count)]
 
     # ------------------------------------------------------------------ child -> server
     def _on_call(self, child: _Child, kind: str, args: tuple) -> Any:

@@ -12,6 +12,10 @@ engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executi
 ``INLINE_ENTER_NS`` of its thread's CPU time (and under ``INLINE_EXIT_NS`` of wall time) runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
 ``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
 the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
+
+An instance whose execution waits on I/O instead of computing (an isolated python model: its child
+process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
+with no thread hop either way; None from it sends that execution to the instance's thread.
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ class InstancePool:
             )
             for instance in instances
         ]
+        #: ``execute_on_loop`` of instances that wait on I/O (an isolated python model's child process)
+        self._on_loop = [getattr(instance, "execute_on_loop", None) for instance in instances]
         self._idle: asyncio.Queue[int] = asyncio.Queue()
         self._waiting = 0
         for index in range(len(instances)):
@@ -150,6 +156,19 @@ class InstancePool:
         if mode.inline:
             return self.execute_inline(index, requests)
         dispatch_ns = time.monotonic_ns()
+        on_loop = self._on_loop[index]
+        pending = on_loop(requests) if on_loop is not None else None
+        if pending is not None:
+            start_ns = time.monotonic_ns()
+            try:
+                results = _checked(list(await pending), requests)
+            except ServerError as exc:
+                results = [exc] * len(requests)
+            except Exception as exc:  # a backend bug must fail these requests, not the server
+                results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
+            end_ns = time.monotonic_ns()
+            self.charge(requests, results, dispatch_ns, start_ns, end_ns, end_ns)
+            return results
         loop = asyncio.get_running_loop()
         results, start_ns, end_ns, cpu_ns = await loop.run_in_executor(
             self._executors[index], _run_threaded, self.instances[index], requests
@@ -217,14 +236,16 @@ def _run(
 ) -> tuple[list[Result], int, int]:
     start_ns = time.monotonic_ns()
     try:
-        results: list[Result] = list(instance.execute(requests))
-        if len(results) != len(requests):
-            error = InternalError(
-                f"backend returned {len(results)} responses for {len(requests)} requests"
-            )
-            results = [error] * len(requests)
+        results = _checked(list(instance.execute(requests)), requests)
     except ServerError as exc:
         results = [exc] * len(requests)
     except Exception as exc:  # a backend bug must fail these requests, not the server
         results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
     return results, start_ns, time.monotonic_ns()
+
+
+def _checked(results: list[Result], requests: list[InferRequest]) -> list[Result]:
+    if len(results) != len(requests):
+        error = InternalError(f"backend returned {len(results)} responses for {len(requests)} requests")
+        return [error] * len(requests)
+    return results

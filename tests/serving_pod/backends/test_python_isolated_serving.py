@@ -1,0 +1,110 @@
+"""Isolated python models (``FERRY_ISOLATED``) served by a running server, over HTTP and gRPC.
+
+There the channel to each child reads on the server's event loop and small executions are awaited on
+it (``execute_on_loop``); inputs over ``LOOP_SEND_LIMIT`` go through the instance's thread. Checked with
+tritonclient: two instances (two processes) answering concurrent requests, a child that crashes
+mid-request (that request gets an error naming the exit code, the next one a fresh child), inputs on
+both sides of the limit, and a decoupled model streaming from its child.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from serving_pod.backends.python_isolated import LOOP_SEND_LIMIT
+from support.python_models import install_python_model
+
+PROTOCOLS = ["http", "grpc"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from support.server import ServerThread, make_options
+
+    repo: Path = tmp_path_factory.mktemp("isolated_repo")
+    scale = install_python_model(repo, "py_scale", "scale_x2", isolated=True)
+    config = scale / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 2 ]", "dims: [ -1 ]")
+                      + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    install_python_model(repo, "py_crash", "crash")
+    install_python_model(repo, "py_decoupled", "stream", isolated=True)
+    thread = ServerThread(make_options([repo]))
+    handle = thread.start()
+    assert not handle.engine.startup_failures, handle.engine.startup_failures
+    yield handle
+    thread.stop()
+
+
+def _infer(server: Any, protocol: str, model: str, name: str, data: np.ndarray) -> Any:
+    module = server.module(protocol)
+    tensor = module.InferInput(name, list(data.shape), "FP32" if data.dtype == np.float32 else "INT32")
+    tensor.set_data_from_numpy(data)
+    return server.client(protocol).infer(model, [tensor])
+
+
+def _channels(server: Any, model: str) -> list[Any]:
+    return [instance._channel for instance in server.engine.registry.get(model).pool.instances]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_two_instance_processes_answer_concurrent_requests(server, protocol: str) -> None:
+    assert all(channel.on_loop for channel in _channels(server, "scale_x2"))
+    inputs = [np.array([i, -i], np.float32) for i in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda x: _infer(server, protocol, "scale_x2", "X", x).as_numpy("Y"), inputs))
+    for x, y in zip(inputs, results):
+        np.testing.assert_array_equal(y, x * 2)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inputs_on_both_sides_of_the_loop_send_limit(server, protocol: str) -> None:
+    for count in (LOOP_SEND_LIMIT // 4 - 16, LOOP_SEND_LIMIT // 4 + 16, 2_000_000):  # small; thread; 8 MB
+        x = np.linspace(-1, 1, count, dtype=np.float32)
+        np.testing.assert_array_equal(_infer(server, protocol, "scale_x2", "X", x).as_numpy("Y"), x * 2)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_crashing_child_fails_its_request_and_the_next_gets_a_fresh_one(server, protocol: str) -> None:
+    ok = np.array([0], np.int32)
+    first = int(_infer(server, protocol, "crash", "INPUT0", ok).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException, match="stopped unexpectedly: exit code 3"):
+        _infer(server, protocol, "crash", "INPUT0", np.array([1], np.int32))
+    after = _infer(server, protocol, "crash", "INPUT0", ok)
+    assert after.as_numpy("OUTPUT0").tolist() == [0]
+    assert int(after.as_numpy("PID")[0]) != first
+    assert all(channel.on_loop for channel in _channels(server, "crash"))  # the restarted one reads on the loop
+
+
+def test_a_decoupled_model_streams_from_its_child(server) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    items: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: items.put(error or result))
+    try:
+        for count in (3, 2):
+            tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([count], np.int32))
+            client.async_stream_infer("stream", [tensor], request_id=f"n{count}")
+        got = [items.get(timeout=30) for _ in range(5)]
+        assert not [g for g in got if isinstance(g, Exception)], got
+        by_id: dict[str, list[int]] = {}
+        for result in got:
+            by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("INDEX")[0]))
+        assert by_id == {"n3": [0, 1, 2], "n2": [0, 1]}
+        tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([-1], np.int32))
+        client.async_stream_infer("stream", [tensor])
+        error = items.get(timeout=30)
+        assert isinstance(error, InferenceServerException) and "negative count" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()
