@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import sys
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import loadgen, perfcsv, report, servers
-from tests.support.perf_analyzer import ensure_perf_analyzer
 from tests.support.triton import ensure_triton
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -133,12 +130,9 @@ def format_table(summaries: list[report.Summary]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    pa = ensure_perf_analyzer()
-    if not pa.ok:
-        print(f"error: {pa.reason}", file=sys.stderr)
+    pa, stamp = loadgen.start_run()
+    if pa is None:
         return 2
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work = args.out / f"batching-{stamp}"
     names = make_repository(args.model_repository / args.model, work / "repo")
     ports = servers.free_ports()

@@ -18,19 +18,17 @@ import json
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from benchmarks import loadgen, perfcsv, report, servers
 from benchmarks.soak import SoakResult, soak
-from tests.support.perf_analyzer import PERF_ANALYZER_VERSION, Located, ensure_perf_analyzer
+from tests.support.perf_analyzer import PERF_ANALYZER_VERSION, Located
 from tests.support.triton import TRITON_VERSION, ensure_triton
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -209,14 +207,11 @@ def default_startup(ports: servers.Ports, log_dir: Path, settle: float) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind so servers under test are stopped
-    pa = ensure_perf_analyzer()
-    if not pa.ok:
-        print(f"error: {pa.reason}", file=sys.stderr)
+    pa, stamp = loadgen.start_run()
+    if pa is None:
         return 2
     ports = servers.free_ports()
     specs = build_specs(args, ports)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_dir = args.out / f"compare_triton-{stamp}"
     load = os.getloadavg()
     print(f"servers {[s.name for s in specs]}, model {args.model}, ports {asdict(ports)}, logs in {log_dir}")

@@ -11,12 +11,27 @@ as the medians of its windows and flagged ``stable=False`` — the same treatmen
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import cpu, perfcsv, report
+from tests.support.perf_analyzer import Located, ensure_perf_analyzer
+
+
+def start_run() -> tuple[Located | None, str]:
+    """What every driver does first: SIGTERM unwinds (so the servers under test are stopped), perf_analyzer
+    is located (None, after printing why not) and the run gets its UTC stamp for file names."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    pa = ensure_perf_analyzer()
+    if not pa.ok:
+        print(f"error: {pa.reason}", file=sys.stderr)
+        return None, ""
+    return pa, datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass(frozen=True)

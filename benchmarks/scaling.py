@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import signal
 import sys
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import loadgen, perfcsv, report, servers
-from tests.support.perf_analyzer import Located, ensure_perf_analyzer
+from tests.support.perf_analyzer import Located
 from tests.support.triton import ensure_triton
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -189,12 +187,9 @@ def format_table(summaries: list[report.Summary], rows: list[Scaling]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    pa = ensure_perf_analyzer()
-    if not pa.ok:
-        print(f"error: {pa.reason}", file=sys.stderr)
+    pa, stamp = loadgen.start_run()
+    if pa is None:
         return 2
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work = args.out / f"scaling-{stamp}"
     ports = servers.free_ports()
     variants = build_variants(args, work / "repo", ports)

@@ -99,25 +99,14 @@ class Channel:
                 raise ConnectionError(f"{self._name}: peer is gone ({exc})") from None
 
     def call(self, kind: str, *args: Any) -> Future:
-        future: Future = Future()
-        call_id = next(self._ids)
-        with self._lock:
-            if self._closed:
-                future.set_exception(ConnectionError(f"{self._name}: channel is closed"))
-                return future
-            self._pending[call_id] = future
-        try:
-            self._send(("call", call_id, kind, args))
-        except Exception as exc:
-            with self._lock:
-                self._pending.pop(call_id, None)
-            future.set_exception(exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc)))
-        return future
+        return self._call(Future(), kind, args)
 
     def call_async(self, kind: str, *args: Any) -> asyncio.Future:
         """``call`` answered on the event loop; only on the loop's thread of a channel that reads there."""
         assert self._loop is not None, "call_async needs a channel that reads on an event loop"
-        future = self._loop.create_future()
+        return self._call(self._loop.create_future(), kind, args)
+
+    def _call(self, future: Any, kind: str, args: tuple) -> Any:
         call_id = next(self._ids)
         with self._lock:
             if self._closed:
