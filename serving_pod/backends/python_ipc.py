@@ -252,9 +252,12 @@ class Channel:
             if not future.done():
                 future.set_exception(ConnectionError(f"{self._name}: peer is gone"))
         if self._on_close is not None:
-            if self._loop is not None:  # it may wait for the child: never on the loop
+            if self._loop is None:
+                self._closed_handler()
+                return
+            try:  # it may wait for the child: never on the loop
                 self._schedule(self._closed_handler)
-            else:
+            except RuntimeError:  # the pool is shut down already: its owner is closing, nothing waits
                 self._closed_handler()
 
     def _closed_handler(self) -> None:

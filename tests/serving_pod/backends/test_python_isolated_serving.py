@@ -108,3 +108,43 @@ def test_a_decoupled_model_streams_from_its_child(server) -> None:
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_unloading_under_load_answers_every_accepted_request(threaded_server, tmp_path: Path, caplog) -> None:
+    """Requests in flight when the unload starts all complete; the children exit; nothing is logged as failed."""
+    import logging
+    import threading
+
+    scale = install_python_model(tmp_path, "py_scale", "busy", isolated=True)
+    config = scale / "config.pbtxt"
+    config.write_text(config.read_text() + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    server = threaded_server([tmp_path], model_control_mode="explicit", load_models=("busy",))
+    children = [i._child.process for i in server.engine.registry.get("busy").pool.instances]
+    client = server.client("http")
+    outcomes: list[Any] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                y = _infer(server, "http", "busy", "X", np.array([1, 2], np.float32)).as_numpy("Y")
+                outcomes.append(y.tolist())
+            except InferenceServerException as exc:
+                outcomes.append(str(exc))
+
+    caplog.set_level(logging.WARNING)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(4):
+            pool.submit(load)
+        while len(outcomes) < 40:
+            threading.Event().wait(0.01)
+        client.unload_model("busy")
+        stop.set()
+    answered = [o for o in outcomes if isinstance(o, list)]
+    refused = [o for o in outcomes if isinstance(o, str)]
+    assert answered and all(o == [2.0, 4.0] for o in answered)
+    # after the unload began, new requests are refused in Triton's words; none fails half-way
+    assert all("Request for unknown model: 'busy' has no available versions" in o or "'busy' is unloading" in o
+               for o in refused), refused
+    assert all(child.wait(timeout=30) is not None for child in children)
+    assert not [r for r in caplog.records if "Exception in callback" in r.getMessage() or r.levelno >= logging.ERROR]
