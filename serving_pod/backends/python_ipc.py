@@ -13,6 +13,12 @@ A reader thread dispatches incoming messages: calls whose kind is in ``inline`` 
 so a handler waiting on its own ``call`` can never starve the reader. When the peer goes away
 every pending future fails with ``ConnectionError`` and ``on_close`` runs once.
 
+With ``pump=True`` (the child's end) no thread of its own reads either: the owner's main thread calls
+``serve``, which reads while idle and runs the calls ``schedule`` would get itself, so an ``execute``
+reaches the model with no thread hop. While a call runs, whichever thread waits on the peer (``wait``,
+``wait_until``: a BLS call, a cancellation check, a metric) takes the read lock and reads, handing each
+message on; waiting in any other way on the peer would never be answered.
+
 Given an event ``loop``, the server's end reads on that loop instead of a thread (``add_reader`` on a
 non-blocking pipe, frames parsed as they arrive): ``call_async`` then answers on the loop with no
 thread hop at all, which on a small VM is most of what an isolated execution costs. ``on_close`` is then
@@ -22,6 +28,7 @@ handed to ``schedule``, since it may wait for the child to exit.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -56,6 +63,7 @@ class Channel:
         inline: frozenset[str] = frozenset(),
         on_close: Callable[[], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        pump: bool = False,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -72,6 +80,14 @@ class Channel:
         self._closed = False
         self._loop = loop
         self._buffer = bytearray()
+        self._pump = pump
+        if pump:  # the calls are run by ``serve``
+            self._schedule = self._enqueue
+        self._read_lock = threading.Lock()
+        #: notified whenever a message was handled, a job queued, the read lock freed or the channel closed
+        self._turn = threading.Condition()
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self._serving = True
         self._thread = threading.Thread(target=self._read_loop, name=f"{name}-reader", daemon=True)
 
     @property
@@ -84,6 +100,8 @@ class Channel:
         return self._loop is not None
 
     def start(self) -> None:
+        if self._pump:
+            return
         if self._loop is None:
             self._thread.start()
         else:
@@ -120,6 +138,22 @@ class Channel:
                 self._pending.pop(call_id, None)
             future.set_exception(exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc)))
         return future
+
+    def request(self, kind: str, *args: Any) -> Any:
+        """``call`` and wait for the answer (``wait``)."""
+        return self.wait(self.call(kind, *args))
+
+    def wait(self, future: Future) -> Any:
+        """``future.result()``; in pump mode this thread reads meanwhile whenever no other thread does."""
+        if self._pump:
+            self._pump_until(future.done)
+        return future.result()
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Pump mode: return once ``ready()`` holds (or the channel closed), reading meanwhile as ``wait``
+        does; ``ready`` must become true through a message from the peer. Other modes return at once."""
+        if self._pump:
+            self._pump_until(ready)
 
     def post(self, kind: str, *args: Any) -> None:
         self._send(("post", kind, args))
@@ -173,6 +207,58 @@ class Channel:
             _log.exception("%s: reader stopped", self._name)
         finally:
             self._shutdown()
+
+    # ------------------------------------------------------------------ read by its waiters (pump mode)
+    def serve(self) -> None:
+        """Pump mode, on the owner's main thread: run the peer's calls and read while none is queued, until
+        the channel closes or a call ran ``stop_serving``."""
+        assert self._pump, "serve needs a channel made with pump=True"
+        while self._serving:
+            with self._turn:
+                job = self._jobs.popleft() if self._jobs else None
+            if job is not None:
+                job()
+            elif self._closed:
+                return
+            else:
+                self._pump_until(lambda: bool(self._jobs))
+
+    def stop_serving(self) -> None:
+        """``serve`` returns after the call running now."""
+        self._serving = False
+
+    def _enqueue(self, job: Callable[[], None]) -> None:
+        with self._turn:
+            self._jobs.append(job)
+            self._turn.notify_all()
+
+    def _pump_until(self, ready: Callable[[], bool]) -> None:
+        while not ready() and not self._closed:
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    while not ready() and not self._closed:
+                        self._read_one()
+                finally:
+                    self._read_lock.release()
+                    with self._turn:
+                        self._turn.notify_all()
+                return
+            with self._turn:
+                self._turn.wait_for(lambda: ready() or self._closed or not self._read_lock.locked())
+
+    def _read_one(self) -> None:
+        try:
+            message = self._reader.recv()
+        except (EOFError, OSError):
+            self._shutdown()
+            return
+        except Exception:
+            _log.exception("%s: reader stopped", self._name)
+            self._shutdown()
+            return
+        self._dispatch(message)
+        with self._turn:
+            self._turn.notify_all()
 
     # ------------------------------------------------------------------ reading on an event loop
     def _run_on_loop(self, callback: Callable[[], None]) -> None:
@@ -251,6 +337,8 @@ class Channel:
         for future in pending.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"{self._name}: peer is gone"))
+        with self._turn:
+            self._turn.notify_all()
         if self._on_close is not None:
             if self._loop is None:
                 self._closed_handler()

@@ -1,7 +1,8 @@
 """Child-process side of an isolated python model: ``python -m serving_pod.backends.python_stub R W``.
 
 ``R``/``W`` are inherited pipe descriptors (server -> child, child -> server). The child hosts
-one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread,
+one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread, which
+also reads the pipe while idle (``Channel`` in pump mode: no thread hop before ``execute``),
 one at a time: ``init(spec)``, ``execute(keys, requests)``, ``autocomplete(file, json,
 label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
 responses (``respond``), cancellation checks (``cancelled``), BLS (``infer`` / ``stream``),
@@ -36,7 +37,7 @@ class _RemoteFlag:
 
     def is_set(self) -> bool:
         try:
-            return bool(self._channel.call("cancelled", self._key).result())
+            return bool(self._channel.request("cancelled", self._key))
         except ConnectionError:
             return True
 
@@ -72,7 +73,7 @@ class _RemoteMetrics:
 
     def _call(self, operation: str, *args: Any) -> Any:
         self.flush()
-        return self._channel.call("metric", operation, *args).result()
+        return self._channel.request("metric", operation, *args)
 
     def new_family(self, name: str, description: str, kind: int, owner: str = "") -> int:
         return self._call("new_family", name, description, kind)  # the server knows the owner
@@ -111,20 +112,20 @@ class _EngineProxy:
     def load_model_from_thread(
         self, name: str, config: str | None = None, files: dict[str, bytes] | None = None, wait: bool = True
     ) -> None:
-        self._channel.call("model_control", "load", name, config, files, wait).result()
+        self._channel.request("model_control", "load", name, config, files, wait)
 
     def unload_model_from_thread(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
-        self._channel.call("model_control", "unload", name, unload_dependents, wait).result()
+        self._channel.request("model_control", "unload", name, unload_dependents, wait)
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        return bool(self._channel.call("model_control", "ready", name, version).result())
+        return bool(self._channel.request("model_control", "ready", name, version))
 
     def new_cancel_event(self) -> threading.Event:
         return _RemoteEvent(self._channel)
 
     def infer_from_thread(self, request: Any) -> Any:
         request.cancelled = None
-        return self._channel.call("infer", request).result()
+        return self._channel.request("infer", request)
 
     def stream_from_thread(self, request: Any) -> Any:
         key = next(self._keys)
@@ -140,6 +141,7 @@ class _EngineProxy:
     def _iterate(self, key: int, items: queue.Queue) -> Any:
         try:
             while True:
+                self._channel.wait_until(lambda: not items.empty())
                 item = items.get()
                 if item is _END:
                     return
@@ -167,7 +169,6 @@ class _EngineProxy:
 
 class _Stub:
     def __init__(self, channel_factory: Any) -> None:
-        self.jobs: queue.Queue = queue.Queue()
         self.instance: Any = None
         self.channel: Channel = channel_factory(self)
         self.engine = _EngineProxy(self.channel)
@@ -194,7 +195,7 @@ class _Stub:
             return _auto_complete_in_process(*args)
         if kind == "finalize":
             self.finalize()
-            self.jobs.put(None)
+            self.channel.stop_serving()
             return True
         raise ValueError(f"unknown call '{kind}'")
 
@@ -217,9 +218,7 @@ class _Stub:
             self.instance.close()
 
     def run(self) -> None:
-        self.channel.start()
-        while (job := self.jobs.get()) is not None:
-            job()
+        self.channel.serve()
         self.finalize()
 
 
@@ -229,14 +228,10 @@ def main(argv: list[str]) -> int:
     writer = Connection(write_fd, readable=False)
 
     def make_channel(stub: _Stub) -> Channel:
-        def closed() -> None:
-            stub.engine.fail_streams()
-            stub.jobs.put(None)
-
         return Channel(
             reader, writer, name="python-stub",
-            on_call=stub.on_call, on_post=stub.on_post, schedule=stub.jobs.put,
-            on_close=closed,
+            on_call=stub.on_call, on_post=stub.on_post, schedule=lambda job: None,  # pump: ``serve`` runs calls
+            on_close=lambda: stub.engine.fail_streams(), pump=True,
         )
 
     _Stub(make_channel).run()

@@ -1,9 +1,11 @@
-"""The isolated python models' message channel (``backends.python_ipc``) over real pipes, both ways of reading.
+"""The isolated python models' message channel (``backends.python_ipc``) over real pipes, in each way of reading.
 
-One end reads on an event loop (the server's end), its peer on a thread (the child's end). Checked: calls
-answered on the loop (``call_async``) and from another thread (``call``), messages far larger than a pipe
-(split over many reads), a call that raises, posts, the peer going away (pending calls fail with
-``ConnectionError``, ``on_close`` runs once, off the loop) and ``close`` from another thread.
+Loop mode (the server's end) against a thread-mode peer: calls answered on the loop (``call_async``) and
+from another thread (``call``), messages far larger than a pipe (split over many reads), a call that
+raises, posts, the peer going away (pending calls fail with ``ConnectionError``, ``on_close`` runs once,
+off the loop) and ``close`` from another thread. Pump mode (the child's end): calls run on the thread
+that serves, threads of the call's own waiting on the peer read for themselves, and ``serve`` returns
+when the peer goes away.
 """
 
 from __future__ import annotations
@@ -174,3 +176,55 @@ def test_close_from_another_thread_fails_what_is_pending(ends) -> None:
         future.result(10)
     assert server.closed
     release.set()
+
+
+# --------------------------------------------------------------------------- pump mode (the child's end)
+
+
+@pytest.fixture
+def pumped():
+    """A pump-mode end served by its own 'main' thread, and a thread-mode peer."""
+    (pr, pw), (tr, tw) = _pipes()
+    seen: dict[str, Any] = {}
+    helpers = ThreadPoolExecutor(3)
+
+    def on_call(kind: str, args: tuple) -> Any:
+        seen["thread"] = threading.current_thread().name
+        if kind == "fan_out":  # waits on its own threads, each waiting on the peer
+            return sum(helpers.map(lambda v: channel.request("double", v), args[0]))
+        if kind == "ask":  # waits on the peer from the serving thread itself
+            return channel.request("double", args[0])
+        raise ValueError(kind)
+
+    channel = Channel(pr, pw, name="pumped", on_call=on_call, on_post=lambda kind, args: None,
+                      schedule=lambda job: None, pump=True)
+    main = threading.Thread(target=channel.serve, name="main", daemon=True)
+    main.start()
+    peer = Peer(tr, tw)
+    peer.channel.start()
+    yield channel, peer, main, seen
+    peer.channel.close()
+    main.join(10)
+    helpers.shutdown()
+    peer.pool.shutdown()
+
+
+def test_pump_mode_runs_calls_on_the_serving_thread(pumped) -> None:
+    _, peer, _, seen = pumped
+    assert peer.channel.call("ask", 4).result(10) == 8
+    assert seen["thread"] == "main"
+
+
+def test_pump_mode_threads_waiting_on_the_peer_read_for_themselves(pumped) -> None:
+    _, peer, _, _ = pumped
+    futures = [peer.channel.call("fan_out", list(range(n))) for n in (5, 7)]  # the second queues behind
+    assert [f.result(20) for f in futures] == [2 * sum(range(5)), 2 * sum(range(7))]
+
+
+def test_pump_mode_serve_returns_when_the_peer_goes_away(pumped) -> None:
+    channel, peer, main, _ = pumped
+    peer.channel.close()
+    main.join(10)
+    assert not main.is_alive() and channel.closed
+    with pytest.raises(ConnectionError):
+        channel.request("double", 1)

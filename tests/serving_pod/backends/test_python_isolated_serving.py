@@ -4,7 +4,8 @@ There the channel to each child reads on the server's event loop and small execu
 it (``execute_on_loop``); inputs over ``LOOP_SEND_LIMIT`` go through the instance's thread. Checked with
 tritonclient: two instances (two processes) answering concurrent requests, a child that crashes
 mid-request (that request gets an error naming the exit code, the next one a fresh child), inputs on
-both sides of the limit, and a decoupled model streaming from its child.
+both sides of the limit, a decoupled model streaming from its child, BLS from the model's own threads and
+coroutines (the child's threads read its pipe while ``execute`` runs), and an unload under load.
 """
 
 from __future__ import annotations
@@ -22,6 +23,55 @@ from support.python_models import install_python_model
 
 PROTOCOLS = ["http", "grpc"]
 
+FANOUT_CONFIG = """name: "fanout"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+parameters { key: "FERRY_ISOLATED" value { string_value: "true" } }
+"""
+# BLS from threads of the model's own pool (execute waits on their futures, not on the server) and
+# from coroutines (async_exec): while execute runs, those threads must read the child's pipe themselves.
+FANOUT_MODEL = """
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _request(x):
+    return pb_utils.InferenceRequest(model_name="scale_x2", requested_output_names=["Y"],
+                                     inputs=[pb_utils.Tensor("X", x)])
+
+
+def _y(response):
+    if response.has_error():
+        raise pb_utils.TritonModelException(response.error().message())
+    return pb_utils.get_output_tensor_by_name(response, "Y").as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.pool = ThreadPoolExecutor(3)
+
+    async def _awaited(self, x):
+        return _y(await _request(x).async_exec())
+
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            threaded = list(self.pool.map(lambda v: _y(_request(v).exec()), [x, x + 1, x + 2]))
+            awaited = await asyncio.gather(*(self._awaited(x + i) for i in range(3)))
+            y = sum(threaded) + sum(awaited)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
+        return responses
+
+    def finalize(self):
+        self.pool.shutdown()
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -34,6 +84,10 @@ def server(tmp_path_factory):
                       + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
     install_python_model(repo, "py_crash", "crash")
     install_python_model(repo, "py_decoupled", "stream", isolated=True)
+    fanout = repo / "fanout"
+    (fanout / "1").mkdir(parents=True)
+    (fanout / "config.pbtxt").write_text(FANOUT_CONFIG)
+    (fanout / "1" / "model.py").write_text(FANOUT_MODEL)
     thread = ServerThread(make_options([repo]))
     handle = thread.start()
     assert not handle.engine.startup_failures, handle.engine.startup_failures
@@ -148,3 +202,12 @@ def test_unloading_under_load_answers_every_accepted_request(threaded_server, tm
                for o in refused), refused
     assert all(child.wait(timeout=30) is not None for child in children)
     assert not [r for r in caplog.records if "Exception in callback" in r.getMessage() or r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bls_from_the_models_own_threads_and_coroutines(server, protocol: str) -> None:
+    x = np.array([1, -2, 0.5], np.float32)
+    with ThreadPoolExecutor(3) as pool:  # several at once, so calls cross in the pipes
+        results = list(pool.map(lambda v: _infer(server, protocol, "fanout", "X", v).as_numpy("Y"), [x, x * 2, x * 3]))
+    for factor, y in zip((1, 2, 3), results):
+        np.testing.assert_allclose(y, 12 * x * factor + 12)
