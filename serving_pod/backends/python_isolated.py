@@ -285,23 +285,23 @@ class IsolatedInstance:
         return results
 
     def execute_on_loop(self, requests: list[InferRequest]) -> Awaitable[list[Any]] | None:
-        """``execute`` awaited on the event loop with no thread in between, when the channel reads there
-        and the inputs are small; None: use ``execute`` on the instance's thread this time."""
+        """``execute`` sent to the child now and awaited on the event loop, with no thread in between, when
+        the channel reads there and the inputs are small; None: use ``execute`` on the instance's thread."""
         child, channel = self._child, self._channel
         if child is None or channel is None or channel.closed or not channel.on_loop:
             return None
         if _input_bytes(requests, LOOP_SEND_LIMIT) > LOOP_SEND_LIMIT:
             return None
-        return self._execute_on_loop(child, channel, requests)
-
-    async def _execute_on_loop(self, child: _Child, channel: Channel, requests: list[InferRequest]) -> list[Any]:
         keys, shipped = self._ship(child, requests)
+        return self._answered(child, keys, channel.call_async("execute", keys, shipped))
+
+    async def _answered(self, child: _Child, keys: list[int], reply: asyncio.Future) -> list[Any]:
         try:
-            results = await channel.call_async("execute", keys, shipped)
+            results = await reply
         except ConnectionError:  # naming the exit waits for the child: off the loop
-            return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(requests))
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(keys))
         except Exception as exc:
-            return self._failed(exc, len(requests))
+            return self._failed(exc, len(keys))
         self._settle(child, keys, results)
         return results
 

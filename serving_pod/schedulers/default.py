@@ -7,6 +7,7 @@ order) for an instance, and that wait is charged as queue time.
 from __future__ import annotations
 
 import asyncio
+from typing import Awaitable
 
 from serving_pod.core.errors import ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
@@ -50,8 +51,12 @@ class DefaultScheduler:
             else:
                 # shielded: a caller that goes away must not free the instance while it still executes,
                 # and the execution is still charged to the statistics
-                execution = asyncio.ensure_future(self.pool.execute(index, [request]))
-                execution.add_done_callback(lambda _: self.pool.release(index))
+                try:
+                    running = self.pool.execute(index, [request])  # started now, one loop turn sooner
+                except BaseException:
+                    self.pool.release(index)
+                    raise
+                execution = asyncio.ensure_future(self._finish(index, running))
                 (result,) = await asyncio.shield(execution)
         finally:
             self._inflight -= 1
@@ -60,6 +65,13 @@ class DefaultScheduler:
         if isinstance(result, ServerError):
             raise result
         return result  # type: ignore[return-value]
+
+    async def _finish(self, index: int, running: Awaitable[list]) -> list:
+        """The execution's results; its instance is free for the next request as soon as they are in."""
+        try:
+            return await running
+        finally:
+            self.pool.release(index)
 
     async def drain(self) -> None:
         self._closing = True

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
@@ -220,12 +220,16 @@ class DynamicScheduler:
             self._complete(entries, results, slot)
             return
         assert self._loop is not None
+        try:  # started now, not in the task's first step: one loop turn sooner at the instance
+            running = self.pool.execute(index, [entry.request for entry in entries])
+        except Exception as exc:  # execute never raises by contract; never strand the callers
+            running = _failed(exc, len(entries))
         # held here until it ends (the loop keeps only weak references); no done-callback turn
-        self._tasks.add(self._loop.create_task(self._execute(index, entries, slot)))
+        self._tasks.add(self._loop.create_task(self._execute(index, entries, slot, running)))
 
-    async def _execute(self, index: int, entries: list[Entry], slot: list | None) -> None:
+    async def _execute(self, index: int, entries: list[Entry], slot: list | None, running: Awaitable[list]) -> None:
         try:
-            results = await self.pool.execute(index, [entry.request for entry in entries])
+            results = await running
         except Exception as exc:  # execute never raises by contract; never strand the callers
             results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(entries)
         finally:
@@ -257,3 +261,7 @@ class DynamicScheduler:
         self._outstanding -= count
         if not self._outstanding:
             self._idle.set()
+
+
+async def _failed(exc: Exception, count: int) -> list:
+    return [InternalError(f"{type(exc).__name__}: {exc}")] * count

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Awaitable, Callable
 
 from serving_pod.backends.base import ModelInstance
 from serving_pod.core.errors import InternalError, ServerError
@@ -150,29 +150,46 @@ class InstancePool:
         """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
         return self._modes[index].inline
 
-    async def execute(self, index: int, requests: list[InferRequest]) -> list[Result]:
-        """Run ``requests`` on instance ``index``; returns one result per request, never raises."""
+    def execute(self, index: int, requests: list[InferRequest]) -> Awaitable[list[Result]]:
+        """Start ``requests`` on instance ``index`` now; the awaitable gives one result per request, never raises.
+
+        Starting here rather than in a task's first step saves a loop turn before the work reaches the
+        instance's thread or process (an inline instance has run when this returns).
+        """
         mode = self._modes[index]
         if mode.inline:
-            return self.execute_inline(index, requests)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(self.execute_inline(index, requests))
+            return done
         dispatch_ns = time.monotonic_ns()
         on_loop = self._on_loop[index]
-        pending = on_loop(requests) if on_loop is not None else None
-        if pending is not None:
-            start_ns = time.monotonic_ns()
+        if on_loop is not None:
             try:
-                results = _checked(list(await pending), requests)
-            except ServerError as exc:
-                results = [exc] * len(requests)
+                pending = on_loop(requests)
             except Exception as exc:  # a backend bug must fail these requests, not the server
-                results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
-            end_ns = time.monotonic_ns()
-            self.charge(requests, results, dispatch_ns, start_ns, end_ns, end_ns)
-            return results
-        loop = asyncio.get_running_loop()
-        results, start_ns, end_ns, cpu_ns = await loop.run_in_executor(
+                pending = _raising(exc)
+            if pending is not None:
+                return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
+        running = asyncio.get_running_loop().run_in_executor(
             self._executors[index], _run_threaded, self.instances[index], requests
         )
+        return self._finish_threaded(running, mode, requests, dispatch_ns)
+
+    async def _finish_on_loop(self, pending: Awaitable[list[Result]], requests: list[InferRequest], dispatch_ns: int,
+                              start_ns: int) -> list[Result]:
+        try:
+            results = _checked(list(await pending), requests)
+        except ServerError as exc:
+            results = [exc] * len(requests)
+        except Exception as exc:  # a backend bug must fail these requests, not the server
+            results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
+        end_ns = time.monotonic_ns()
+        self.charge(requests, results, dispatch_ns, start_ns, end_ns, end_ns)
+        return results
+
+    async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int]], mode: _Mode,
+                               requests: list[InferRequest], dispatch_ns: int) -> list[Result]:
+        results, start_ns, end_ns, cpu_ns = await running
         mode.after_thread(end_ns - start_ns, cpu_ns)
         self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
         return results
@@ -242,6 +259,10 @@ def _run(
     except Exception as exc:  # a backend bug must fail these requests, not the server
         results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
     return results, start_ns, time.monotonic_ns()
+
+
+async def _raising(exc: Exception) -> list[Result]:
+    raise exc
 
 
 def _checked(results: list[Result], requests: list[InferRequest]) -> list[Result]:
