@@ -280,7 +280,7 @@ class IsolatedInstance:
         except ConnectionError:
             return self._lost(child, len(requests))
         except Exception as exc:
-            return self._failed(exc, len(requests))
+            results = self._failed(exc, len(requests))
         self._settle(child, keys, results)
         return results
 
@@ -301,7 +301,7 @@ class IsolatedInstance:
         except ConnectionError:  # naming the exit waits for the child: off the loop
             return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(keys))
         except Exception as exc:
-            return self._failed(exc, len(keys))
+            results = self._failed(exc, len(keys))
         self._settle(child, keys, results)
         return results
 
