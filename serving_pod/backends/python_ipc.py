@@ -8,21 +8,21 @@ work) framed by ``multiprocessing.connection.Connection``:
     ("call", id, kind, args)   ->   ("reply", id, ok, value_or_error)
     ("post", kind, args)
 
-A reader thread dispatches incoming messages: calls whose kind is in ``inline`` run on it
-(they must be quick), others go to ``schedule`` (a thread pool, or the child's main loop),
-so a handler waiting on its own ``call`` can never starve the reader. When the peer goes away
-every pending future fails with ``ConnectionError`` and ``on_close`` runs once.
+Who reads the incoming pipe is chosen when the channel is made; every pending future fails with
+``ConnectionError`` and ``on_close`` runs once when the peer goes away, whichever it is:
 
-With ``pump=True`` (the child's end) no thread of its own reads either: the owner's main thread calls
-``serve``, which reads while idle and runs the calls ``schedule`` would get itself, so an ``execute``
-reaches the model with no thread hop. While a call runs, whichever thread waits on the peer (``wait``,
-``wait_until``: a BLS call, a cancellation check, a metric) takes the read lock and reads, handing each
-message on; waiting in any other way on the peer would never be answered.
-
-Given an event ``loop``, the server's end reads on that loop instead of a thread (``add_reader`` on a
-non-blocking pipe, frames parsed as they arrive): ``call_async`` then answers on the loop with no
-thread hop at all, which on a small VM is most of what an isolated execution costs. ``on_close`` is then
-handed to ``schedule``, since it may wait for the child to exit.
+* a reader thread (the default): calls whose kind is in ``inline`` run on it (they must be quick),
+  others go to ``schedule`` (a thread pool), so a handler waiting on its own ``call`` can never starve
+  the reader;
+* the server's event ``loop`` (``loop=``; the server's end): ``add_reader`` on a non-blocking pipe,
+  frames parsed as they arrive, and ``call_async`` answered on the loop with no thread hop at all, which
+  on a small VM is most of what an isolated execution costs. ``on_close`` is handed to ``schedule``
+  there, since it may wait for the child to exit;
+* the owner's main thread and whoever waits (``pump=True``; the child's end): ``serve`` reads while
+  idle and runs the peer's calls itself, so an ``execute`` reaches the model with no thread hop. While a
+  call runs, any thread waiting on the peer (``wait``, ``wait_until``, ``request``: a BLS call, a
+  cancellation check, a metric, a BLS stream) takes the read lock and reads, handing each message on;
+  waiting on the peer in any other way would never be answered.
 """
 
 from __future__ import annotations

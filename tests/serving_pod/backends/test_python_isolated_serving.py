@@ -114,6 +114,8 @@ def test_two_instance_processes_answer_concurrent_requests(server, protocol: str
         results = list(pool.map(lambda x: _infer(server, protocol, "scale_x2", "X", x).as_numpy("Y"), inputs))
     for x, y in zip(inputs, results):
         np.testing.assert_array_equal(y, x * 2)
+    instances = server.engine.registry.get("scale_x2").pool.instances
+    assert all(instance._child.requests == {} for instance in instances)  # every request settled
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
