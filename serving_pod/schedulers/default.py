@@ -51,11 +51,7 @@ class DefaultScheduler:
             else:
                 # shielded: a caller that goes away must not free the instance while it still executes,
                 # and the execution is still charged to the statistics
-                try:
-                    running = self.pool.execute(index, [request])  # started now, one loop turn sooner
-                except BaseException:
-                    self.pool.release(index)
-                    raise
+                running = self.pool.execute(index, [request])  # started now, one loop turn sooner
                 execution = asyncio.ensure_future(self._finish(index, running))
                 (result,) = await asyncio.shield(execution)
         finally:

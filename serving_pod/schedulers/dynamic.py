@@ -220,10 +220,8 @@ class DynamicScheduler:
             self._complete(entries, results, slot)
             return
         assert self._loop is not None
-        try:  # started now, not in the task's first step: one loop turn sooner at the instance
-            running = self.pool.execute(index, [entry.request for entry in entries])
-        except Exception as exc:  # execute never raises by contract; never strand the callers
-            running = _failed(exc, len(entries))
+        # started now, not in the task's first step: one loop turn sooner at the instance
+        running = self.pool.execute(index, [entry.request for entry in entries])
         # held here until it ends (the loop keeps only weak references); no done-callback turn
         self._tasks.add(self._loop.create_task(self._execute(index, entries, slot, running)))
 
@@ -261,7 +259,3 @@ class DynamicScheduler:
         self._outstanding -= count
         if not self._outstanding:
             self._idle.set()
-
-
-async def _failed(exc: Exception, count: int) -> list:
-    return [InternalError(f"{type(exc).__name__}: {exc}")] * count

@@ -151,11 +151,18 @@ class InstancePool:
         return self._modes[index].inline
 
     def execute(self, index: int, requests: list[InferRequest]) -> Awaitable[list[Result]]:
-        """Start ``requests`` on instance ``index`` now; the awaitable gives one result per request, never raises.
+        """Start ``requests`` on instance ``index`` now; the awaitable gives one result per request.
 
+        Neither this nor the awaitable raises: a failure becomes an error result for each request.
         Starting here rather than in a task's first step saves a loop turn before the work reaches the
         instance's thread or process (an inline instance has run when this returns).
         """
+        try:
+            return self._start(index, requests)
+        except Exception as exc:  # a backend bug, or a pool shutting down: fail these requests, not the server
+            return _failed(exc, len(requests))
+
+    def _start(self, index: int, requests: list[InferRequest]) -> Awaitable[list[Result]]:
         mode = self._modes[index]
         if mode.inline:
             done = asyncio.get_running_loop().create_future()
@@ -163,13 +170,9 @@ class InstancePool:
             return done
         dispatch_ns = time.monotonic_ns()
         on_loop = self._on_loop[index]
-        if on_loop is not None:
-            try:
-                pending = on_loop(requests)
-            except Exception as exc:  # a backend bug must fail these requests, not the server
-                pending = _raising(exc)
-            if pending is not None:
-                return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
+        pending = on_loop(requests) if on_loop is not None else None
+        if pending is not None:
+            return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
         running = asyncio.get_running_loop().run_in_executor(
             self._executors[index], _run_threaded, self.instances[index], requests
         )
@@ -261,8 +264,8 @@ def _run(
     return results, start_ns, time.monotonic_ns()
 
 
-async def _raising(exc: Exception) -> list[Result]:
-    raise exc
+async def _failed(exc: Exception, count: int) -> list[Result]:
+    return [InternalError(f"{type(exc).__name__}: {exc}")] * count
 
 
 def _checked(results: list[Result], requests: list[InferRequest]) -> list[Result]:

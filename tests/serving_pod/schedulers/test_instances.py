@@ -1,0 +1,109 @@
+"""``InstancePool.execute``: where each instance's execution runs, and that nothing it does raises.
+
+Instances here implement the backend interface directly (``execute``, ``close`` and, for the on-loop path,
+``execute_on_loop``), so each path is driven on its own: on the instance's thread, awaited on the loop,
+the on-loop path declining (None: the thread runs it) and a backend that raises on either path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+
+from serving_pod.core.errors import InternalError
+from serving_pod.core.statistics import ModelStats
+from serving_pod.core.types import InferRequest, InferResponse, Tensor
+from serving_pod.schedulers.instances import InstancePool
+
+
+def _request(value: float) -> InferRequest:
+    return InferRequest("m", "1", [Tensor("X", "FP32", np.array([value], np.float32))])
+
+
+def _answer(request: InferRequest, where: str) -> InferResponse:
+    x = request.inputs[0].data
+    return InferResponse("m", "1", [Tensor("Y", "FP32", x * 2)], parameters={"where": where})
+
+
+class Threaded:
+    """Executes on whatever thread calls it."""
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        return [_answer(r, threading.current_thread().name) for r in requests]
+
+    def close(self) -> None:
+        pass
+
+
+class OnLoop(Threaded):
+    """Answers on the loop when ``accept`` holds, else declines to the thread; ``fail`` raises."""
+
+    def __init__(self, accept: bool = True, fail: bool = False) -> None:
+        self.accept, self.fail = accept, fail
+
+    def execute_on_loop(self, requests: list[InferRequest]) -> Any:
+        if self.fail:
+            raise RuntimeError("backend bug")
+        if not self.accept:
+            return None
+
+        async def answered() -> list[Any]:
+            await asyncio.sleep(0)
+            return [_answer(r, "loop") for r in requests]
+
+        return answered()
+
+
+class Raising(Threaded):
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        raise RuntimeError("execute blew up")
+
+
+def _pool(instance: Any) -> InstancePool:
+    return InstancePool([instance], ["m_0"], ModelStats("m", "1"), lambda r: 1, execution_mode="thread")
+
+
+async def _run(instance: Any, count: int = 2) -> tuple[list[Any], InstancePool]:
+    pool = _pool(instance)
+    try:
+        results = await pool.execute(0, [_request(i) for i in range(count)])
+    finally:
+        await asyncio.to_thread(pool.close)
+    return results, pool
+
+
+async def test_a_plain_instance_runs_on_its_own_thread() -> None:
+    results, pool = await _run(Threaded())
+    loop_thread = threading.current_thread().name
+    assert all(r.parameters["where"].startswith("m_0") and r.parameters["where"] != loop_thread for r in results)
+    assert [r.outputs[0].data.tolist() for r in results] == [[0.0], [2.0]]
+    assert pool.stats.execution_count == 1 and pool.stats.inference_count == 2
+
+
+async def test_an_on_loop_instance_is_awaited_on_the_loop() -> None:
+    results, pool = await _run(OnLoop())
+    assert [r.parameters["where"] for r in results] == ["loop", "loop"]
+    assert pool.stats.execution_count == 1 and pool.stats.inference_count == 2
+
+
+async def test_declining_sends_the_execution_to_the_thread() -> None:
+    results, _ = await _run(OnLoop(accept=False))
+    assert all(r.parameters["where"].startswith("m_0") for r in results)
+
+
+async def test_a_raising_backend_fails_its_requests_on_either_path() -> None:
+    for instance, message in ((OnLoop(fail=True), "RuntimeError: backend bug"),
+                              (Raising(), "RuntimeError: execute blew up")):
+        results, _ = await _run(instance)
+        assert [type(r) for r in results] == [InternalError, InternalError]
+        assert all(r.message == message for r in results)
+
+
+async def test_a_closed_pool_fails_requests_instead_of_raising() -> None:
+    pool = _pool(Threaded())
+    await asyncio.to_thread(pool.close)  # its worker thread is gone
+    results = await pool.execute(0, [_request(1)])
+    assert isinstance(results[0], InternalError) and "cannot schedule new futures" in results[0].message
