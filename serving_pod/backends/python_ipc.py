@@ -59,7 +59,7 @@ class Channel:
         name: str,
         on_call: Handler,
         on_post: Handler,
-        schedule: Callable[[Callable[[], None]], Any],
+        schedule: Callable[[Callable[[], None]], Any] | None = None,
         inline: frozenset[str] = frozenset(),
         on_close: Callable[[], None] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -70,7 +70,13 @@ class Channel:
         self._name = name
         self._on_call = on_call
         self._on_post = on_post
-        self._schedule = schedule
+        self._schedule: Callable[[Callable[[], None]], Any]
+        if pump:  # ``serve`` runs the peer's calls
+            self._schedule = self._enqueue
+        elif schedule is not None:
+            self._schedule = schedule
+        else:
+            raise ValueError("a channel that does not pump needs ``schedule`` for the peer's calls")
         self._inline = inline
         self._on_close = on_close
         self._ids = itertools.count(1)
@@ -81,8 +87,6 @@ class Channel:
         self._loop = loop
         self._buffer = bytearray()
         self._pump = pump
-        if pump:  # the calls are run by ``serve``
-            self._schedule = self._enqueue
         self._read_lock = threading.Lock()
         #: notified whenever a message was handled, a job queued, the read lock freed or the channel closed
         self._turn = threading.Condition()

@@ -230,8 +230,7 @@ def main(argv: list[str]) -> int:
     def make_channel(stub: _Stub) -> Channel:
         return Channel(
             reader, writer, name="python-stub",
-            on_call=stub.on_call, on_post=stub.on_post, schedule=lambda job: None,  # pump: ``serve`` runs calls
-            on_close=lambda: stub.engine.fail_streams(), pump=True,
+            on_call=stub.on_call, on_post=stub.on_post, on_close=lambda: stub.engine.fail_streams(), pump=True,
         )
 
     _Stub(make_channel).run()

@@ -196,8 +196,7 @@ def pumped():
             return channel.request("double", args[0])
         raise ValueError(kind)
 
-    channel = Channel(pr, pw, name="pumped", on_call=on_call, on_post=lambda kind, args: None,
-                      schedule=lambda job: None, pump=True)
+    channel = Channel(pr, pw, name="pumped", on_call=on_call, on_post=lambda kind, args: None, pump=True)
     main = threading.Thread(target=channel.serve, name="main", daemon=True)
     main.start()
     peer = Peer(tr, tw)
