@@ -202,15 +202,21 @@ class Channel:
                 _log.exception("%s: handling '%s' failed", self._name, kind)
 
     def _read_loop(self) -> None:
+        while not self._closed:
+            self._read_one()
+
+    def _read_one(self) -> None:
+        """Read one message and hand it on; the peer gone, or a reader that breaks, closes the channel."""
         try:
-            while True:
-                self._dispatch(self._reader.recv())
+            self._dispatch(self._reader.recv())
         except (EOFError, OSError):
-            pass
+            self._shutdown()
         except Exception:
             _log.exception("%s: reader stopped", self._name)
-        finally:
             self._shutdown()
+        if self._pump:
+            with self._turn:
+                self._turn.notify_all()
 
     # ------------------------------------------------------------------ read by its waiters (pump mode)
     def serve(self) -> None:
@@ -249,20 +255,6 @@ class Channel:
                 return
             with self._turn:
                 self._turn.wait_for(lambda: ready() or self._closed or not self._read_lock.locked())
-
-    def _read_one(self) -> None:
-        try:
-            message = self._reader.recv()
-        except (EOFError, OSError):
-            self._shutdown()
-            return
-        except Exception:
-            _log.exception("%s: reader stopped", self._name)
-            self._shutdown()
-            return
-        self._dispatch(message)
-        with self._turn:
-            self._turn.notify_all()
 
     # ------------------------------------------------------------------ reading on an event loop
     def _run_on_loop(self, callback: Callable[[], None]) -> None:
