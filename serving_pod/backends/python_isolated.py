@@ -1,8 +1,8 @@
 """Isolated python models: the model runs in a child process (``python_stub``).
 
 Opt-in per model (see ``python.py``). The child is a plain ``subprocess`` of the chosen
-interpreter talking over two inherited pipes (``python_ipc.Channel``); tensors travel as
-pickled numpy arrays. The child's stderr is forwarded to the server's and its tail kept, so a
+interpreter talking over two inherited pipes (``python_ipc.Channel``); executed requests and their
+responses travel in ``core.interprocess``'s compact form, everything else as pickled objects. The child's stderr is forwarded to the server's and its tail kept, so a
 child that dies — at start, in ``initialize`` or mid-``execute`` — yields a clear error naming
 the model and exit code instead of taking the server down. After a crash the next ``execute``
 starts a fresh child (and re-runs ``initialize``).
@@ -36,6 +36,7 @@ from serving_pod.backends import pb_metrics, pb_model_loader
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
 from serving_pod.core import errors
+from serving_pod.core.interprocess import request_to_wire, results_from_wire
 from serving_pod.core.types import InferRequest
 
 _log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ class IsolatedInstance:
         assert child is not None and channel is not None
         keys, shipped = self._ship(child, requests)
         try:
-            results = channel.call("execute", keys, shipped).result()
+            results = results_from_wire(channel.call("execute", keys, shipped).result())
         except ConnectionError:
             return self._lost(child, len(requests))
         except Exception as exc:
@@ -297,7 +298,7 @@ class IsolatedInstance:
 
     async def _answered(self, child: _Child, keys: list[int], reply: asyncio.Future) -> list[Any]:
         try:
-            results = await reply
+            results = results_from_wire(await reply)
         except ConnectionError:  # naming the exit waits for the child: off the loop
             return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(keys))
         except Exception as exc:
@@ -305,21 +306,15 @@ class IsolatedInstance:
         self._settle(child, keys, results)
         return results
 
-    def _ship(self, child: _Child, requests: list[InferRequest]) -> tuple[list[int], list[InferRequest]]:
-        """Register ``requests`` with the child and the picklable copies that travel to it."""
+    def _ship(self, child: _Child, requests: list[InferRequest]) -> tuple[list[int], list[tuple]]:
+        """Register ``requests`` with the child, and their wire form (``core.interprocess``) that travels to it."""
         keys: list[int] = []
-        shipped: list[InferRequest] = []
         with self._lock:
             for request in requests:
                 key = next(self._keys)
                 keys.append(key)
                 child.requests[key] = request
-                shipped.append(InferRequest(
-                    request.model_name, request.model_version, request.inputs, request.outputs,
-                    request.id, request.parameters, request.arrival_ns,
-                    responder=request.responder is not None, cancelled=request.cancelled is not None,
-                ))
-        return keys, shipped
+        return keys, [request_to_wire(request) for request in requests]
 
     def _settle(self, child: _Child, keys: list[int], results: list[Any]) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 ``R``/``W`` are inherited pipe descriptors (server -> child, child -> server). The child hosts
 one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread, which
 also reads the pipe while idle (``Channel`` in pump mode: no thread hop before ``execute``),
-one at a time: ``init(spec)``, ``execute(keys, requests)``, ``autocomplete(file, json,
+one at a time: ``init(spec)``, ``execute(keys, requests)`` (``core.interprocess`` tuples), ``autocomplete(file, json,
 label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
 responses (``respond``), cancellation checks (``cancelled``), BLS (``infer`` / ``stream``),
 model loading (``model_control``) and custom metrics (``metric``), all answered by the server's
@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from serving_pod.backends.python_ipc import Channel
+from serving_pod.core.interprocess import request_from_wire, results_to_wire
 
 _END = object()
 
@@ -180,13 +181,14 @@ class _Stub:
             self.instance = PythonModelInstance(args[0], self.engine)
             return True
         if kind == "execute":
-            keys, requests = args
+            keys, shipped = args
+            requests = [request_from_wire(wire) for wire in shipped]
             for key, request in zip(keys, requests):
                 # the server sends True where the request has a responder / cancel flag
                 request.responder = partial(self._respond, key) if request.responder else None
                 request.cancelled = _RemoteFlag(self.channel, key) if request.cancelled else None
             try:
-                return self.instance.execute(requests)
+                return results_to_wire(self.instance.execute(requests))
             finally:
                 self.engine.custom_metrics.flush()
         if kind == "autocomplete":

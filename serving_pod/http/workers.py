@@ -10,7 +10,7 @@ server's application. So statistics, model control and scheduling stay in one pl
 work, the larger part of a small model's request, uses other cores.
 
 Frames on the Unix socket: 4-byte little-endian length, then a pickle of ``(key, kind, payload)``. Tensors
-travel as raw bytes inside tuples (``request_to_wire`` ...), several times cheaper than pickling the
+travel as raw bytes inside tuples (``core.interprocess``), several times cheaper than pickling the
 dataclasses; frames written in one loop iteration leave in one write. Only the server's own workers
 connect (the socket lives in a private temporary directory).
 """
@@ -29,64 +29,15 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-import numpy as np
-
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
-from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from serving_pod.core.interprocess import request_from_wire, request_to_wire, response_from_wire, response_to_wire
+from serving_pod.core.types import InferRequest, InferResponse
 
 log = logging.getLogger("ferry.http.workers")
 
 _LEN = struct.Struct("<I")
 INFER, ASGI, HELLO = 0, 1, 2
 OK, ERROR = 0, 1
-
-
-# -- the wire form of requests and responses ----------------------------------------------------------
-
-
-def _tensors_to_wire(tensors: list[Tensor]) -> list[tuple]:
-    out = []
-    for tensor in tensors:
-        data = tensor.data
-        if data.dtype.hasobject:  # BYTES: the object array itself
-            out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters))
-        else:
-            out.append((tensor.name, tensor.datatype, data.tobytes(), data.dtype.str, data.shape, tensor.parameters))
-    return out
-
-
-def _tensors_from_wire(items: list[tuple]) -> list[Tensor]:
-    tensors = []
-    for name, datatype, data, dtype, shape, parameters in items:
-        if dtype is not None:
-            data = np.frombuffer(data, dtype).reshape(shape)
-        tensors.append(Tensor(name, datatype, data, parameters))
-    return tensors
-
-
-def request_to_wire(request: InferRequest) -> tuple:
-    outputs = None if request.outputs is None else [(o.name, o.parameters) for o in request.outputs]
-    return (request.model_name, request.model_version, request.id, request.parameters,
-            _tensors_to_wire(request.inputs), outputs)
-
-
-def request_from_wire(wire: tuple) -> InferRequest:
-    model, version, request_id, parameters, inputs, outputs = wire
-    return InferRequest(
-        model, version, _tensors_from_wire(inputs),
-        None if outputs is None else [RequestedOutput(name, params) for name, params in outputs],
-        request_id, parameters,
-    )
-
-
-def response_to_wire(response: InferResponse) -> tuple:
-    return (response.model_name, response.model_version, response.id, response.parameters,
-            _tensors_to_wire(response.outputs), response.final)
-
-
-def response_from_wire(wire: tuple) -> InferResponse:
-    model, version, response_id, parameters, outputs, final = wire
-    return InferResponse(model, version, _tensors_from_wire(outputs), response_id, parameters, final)
 
 
 # -- framing ------------------------------------------------------------------------------------------
