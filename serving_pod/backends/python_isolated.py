@@ -2,7 +2,8 @@
 
 Opt-in per model (see ``python.py``). The child is a plain ``subprocess`` of the chosen
 interpreter talking over two inherited pipes (``python_ipc.Channel``); executed requests and their
-responses travel in ``core.interprocess``'s compact form, everything else as pickled objects. The child's stderr is forwarded to the server's and its tail kept, so a
+responses (and BLS requests, decoupled and streamed responses) travel in ``core.interprocess``'s compact
+form, everything else as pickled objects. The child's stderr is forwarded to the server's and its tail kept, so a
 child that dies — at start, in ``initialize`` or mid-``execute`` — yields a clear error naming
 the model and exit code instead of taking the server down. After a crash the next ``execute``
 starts a fresh child (and re-runs ``initialize``).
@@ -36,7 +37,9 @@ from serving_pod.backends import pb_metrics, pb_model_loader
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
 from serving_pod.core import errors
-from serving_pod.core.interprocess import request_to_wire, results_from_wire
+from serving_pod.core.interprocess import (
+    request_from_wire, request_to_wire, response_to_wire, result_from_wire, result_to_wire, results_from_wire,
+)
 from serving_pod.core.types import InferRequest
 
 _log = logging.getLogger(__name__)
@@ -342,12 +345,13 @@ class IsolatedInstance:
         if kind == "model_control":
             return pb_model_loader.serve(self._engine, args[0], args[1:])
         if kind == "infer":
+            request = request_from_wire(args[0])
             if self._engine is None:
                 raise errors.UnavailableError(
-                    f"BLS request to model '{args[0].model_name}' failed: this python model instance "
+                    f"BLS request to model '{request.model_name}' failed: this python model instance "
                     "is not attached to an inference engine"
                 )
-            return self._engine.infer_from_thread(args[0])
+            return response_to_wire(self._engine.infer_from_thread(request))
         raise ValueError(f"unknown call '{kind}'")
 
     def _on_post(self, child: _Child, kind: str, args: tuple) -> None:
@@ -356,9 +360,10 @@ class IsolatedInstance:
             with self._lock:
                 request = child.requests.pop(key, None) if final else child.requests.get(key)
             if request is not None and request.responder is not None:
-                request.responder(message, final)
+                request.responder(result_from_wire(message), final)
         elif kind == "stream":
-            self._pool.submit(self._stream, child, *args)
+            key, wire = args
+            self._pool.submit(self._stream, child, key, request_from_wire(wire))
         elif kind == "metric":
             try:
                 pb_metrics.serve(metric_store(self._engine), child.owner, args[0], args[1:])
@@ -380,7 +385,7 @@ class IsolatedInstance:
                     "instance is not attached to an inference engine"
                 )
             for item in self._engine.stream_from_thread(request):
-                channel.post("stream_item", key, item)
+                channel.post("stream_item", key, result_to_wire(item))
             channel.post("stream_end", key, None)
         except ConnectionError:
             pass

@@ -22,7 +22,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from serving_pod.backends.python_ipc import Channel
-from serving_pod.core.interprocess import request_from_wire, results_to_wire
+from serving_pod.core.interprocess import (
+    request_from_wire, request_to_wire, response_from_wire, result_from_wire, result_to_wire, results_to_wire,
+)
 
 _END = object()
 
@@ -126,7 +128,7 @@ class _EngineProxy:
 
     def infer_from_thread(self, request: Any) -> Any:
         request.cancelled = None
-        return self._channel.request("infer", request)
+        return response_from_wire(self._channel.request("infer", request_to_wire(request)))
 
     def stream_from_thread(self, request: Any) -> Any:
         key = next(self._keys)
@@ -136,7 +138,7 @@ class _EngineProxy:
         if isinstance(cancel, _RemoteEvent):
             cancel.key = key
         request.cancelled = None
-        self._channel.post("stream", key, request)
+        self._channel.post("stream", key, request_to_wire(request))
         return self._iterate(key, items)
 
     def _iterate(self, key: int, items: queue.Queue) -> Any:
@@ -157,7 +159,7 @@ class _EngineProxy:
         if items is None:
             return
         if kind == "stream_item":
-            items.put(value)
+            items.put(result_from_wire(value))
             return
         if value is not None:  # the stream ended with an error
             items.put(value)
@@ -207,7 +209,7 @@ class _Stub:
 
     def _respond(self, key: int, message: Any, final: bool) -> None:
         try:
-            self.channel.post("respond", key, message, final)
+            self.channel.post("respond", key, result_to_wire(message), final)
         except ConnectionError:
             raise
         except Exception as exc:  # e.g. an unpicklable response parameter

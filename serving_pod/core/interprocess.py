@@ -67,8 +67,16 @@ def response_from_wire(wire: tuple) -> InferResponse:
     return InferResponse(model, version, tensors_from_wire(outputs), response_id, parameters, final)
 
 
+def result_to_wire(result: Any) -> Any:
+    """A backend's result (``InferResponse``, ``ServerError`` or None): a response as a tuple, the rest as is."""
+    return response_to_wire(result) if type(result) is InferResponse else result
+
+
+def result_from_wire(result: Any) -> Any:
+    return response_from_wire(result) if type(result) is tuple else result
+
+
 def results_to_wire(results: list[Any]) -> list[Any]:
-    """A backend's results (``InferResponse``, ``ServerError`` or None each): responses as tuples, the rest as is."""
     return [response_to_wire(result) if type(result) is InferResponse else result for result in results]
 
 
