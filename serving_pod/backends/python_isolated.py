@@ -1,11 +1,11 @@
 """Isolated python models: the model runs in a child process (``python_stub``).
 
 Opt-in per model (see ``python.py``). The child is a plain ``subprocess`` of the chosen
-interpreter talking over two inherited pipes (``python_ipc.Channel``); executed requests and their
-responses (and BLS requests, decoupled and streamed responses) travel in ``core.interprocess``'s compact
-form, everything else as pickled objects. The child's stderr is forwarded to the server's and its tail kept, so a
-child that dies — at start, in ``initialize`` or mid-``execute`` — yields a clear error naming
-the model and exit code instead of taking the server down. After a crash the next ``execute``
+interpreter talking over two inherited pipes (``python_ipc.Channel``). Executed requests and their
+responses, BLS requests and responses, and decoupled and streamed responses travel in
+``core.interprocess``'s compact form; everything else as pickled objects. The child's stderr is
+forwarded to the server's and its tail kept, so a child that dies — at start, in ``initialize`` or
+mid-``execute`` — yields a clear error naming the model and exit code instead of taking the server down. After a crash the next ``execute``
 starts a fresh child (and re-runs ``initialize``).
 
 Decoupled responses, cancellation checks, BLS calls, model loading calls and custom metrics come

@@ -3,8 +3,8 @@
 ``R``/``W`` are inherited pipe descriptors (server -> child, child -> server). The child hosts
 one ``python_model.PythonModelInstance`` and answers the server's calls on its main thread, which
 also reads the pipe while idle (``Channel`` in pump mode: no thread hop before ``execute``),
-one at a time: ``init(spec)``, ``execute(keys, requests)`` (``core.interprocess`` tuples), ``autocomplete(file, json,
-label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
+one at a time: ``init(spec)``, ``execute(keys, requests)`` (requests as ``core.interprocess``
+tuples), ``autocomplete(file, json, label)``, ``finalize()``. Model-side callbacks travel back over the same channel: decoupled
 responses (``respond``), cancellation checks (``cancelled``), BLS (``infer`` / ``stream``),
 model loading (``model_control``) and custom metrics (``metric``), all answered by the server's
 engine. When the server goes away the child finalizes and exits.

@@ -21,18 +21,20 @@ from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput,
 
 
 def tensors_to_wire(tensors: list[Tensor]) -> list[tuple]:
-    out = []
+    out: list[tuple] = []
     for tensor in tensors:
         data = tensor.data
         if data.dtype.hasobject:  # BYTES: the object array itself
             out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters))
         else:
-            out.append((tensor.name, tensor.datatype, data.tobytes(), data.dtype.str, data.shape, tensor.parameters))
+            # a bytearray (one copy, as ``tobytes``) so the far side's array is writable, as Triton's are
+            raw = bytearray(np.ascontiguousarray(data))
+            out.append((tensor.name, tensor.datatype, raw, data.dtype.str, data.shape, tensor.parameters))
     return out
 
 
 def tensors_from_wire(items: list[tuple]) -> list[Tensor]:
-    tensors = []
+    tensors: list[Tensor] = []
     for name, datatype, data, dtype, shape, parameters in items:
         if dtype is not None:
             data = np.frombuffer(data, dtype).reshape(shape)

@@ -32,6 +32,7 @@ def test_a_request_keeps_its_tensors_outputs_parameters_and_flags() -> None:
     assert [(t.name, t.datatype, t.parameters) for t in back.inputs] == [
         ("A", "FP32", {}), ("B", "BYTES", {"p": 1}), ("C", "FP16", {})]
     assert np.array_equal(back.inputs[0].data, fp32) and back.inputs[0].data.dtype == np.float32
+    assert back.inputs[0].data.flags.writeable  # a model may write into its inputs, as under Triton
     assert back.inputs[1].data.tolist() == [[b"a", b"\x00bc"]]
     assert back.inputs[2].data.dtype == np.float16 and back.inputs[2].data.shape == (1, 2)
     assert [(o.name, o.parameters) for o in back.outputs] == [("Y", {"binary_data": True, "classification": 2})]
