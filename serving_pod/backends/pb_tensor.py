@@ -1,7 +1,9 @@
 """Tensors, data types and errors of Ferry's ``triton_python_backend_utils`` (see ``pb_utils``).
 
 ``Tensor`` wraps a numpy array without copying; ``Tensor._wrap`` is the trusted fast path the
-backend uses for the engine's (already validated) tensors. ``TritonError`` is the error value
+backend uses for the engine's (already validated) tensors, whose read-only views of a request body are
+copied once when the model asks for the array (``as_numpy``, ``to_dlpack``), as Triton's stub gives
+models arrays of their own. ``TritonError`` is the error value
 a model attaches to one response; ``TritonModelException`` is what the API raises on misuse.
 """
 
@@ -185,7 +187,16 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        return self._array
+        return self._writable()
+
+    def _writable(self) -> np.ndarray:
+        """The array, copied once if it is a read-only view (a request body's bytes): Triton's stub hands
+        models arrays of their own, which they may write into and export with DLPack (numpy refuses to
+        export a read-only one)."""
+        array = self._array
+        if not array.flags.writeable:
+            array = self._array = array.copy()
+        return array
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
@@ -200,7 +211,7 @@ class Tensor:
 
     def to_dlpack(self) -> Any:
         try:
-            return self._array.__dlpack__()
+            return self._writable().__dlpack__()
         except (BufferError, TypeError) as exc:
             raise TritonModelException(f"Tensor '{self._name}' cannot be exported to DLPack: {exc}") from None
 
