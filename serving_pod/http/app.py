@@ -10,7 +10,7 @@ ordinary FastAPI.
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
 import orjson
 from fastapi import FastAPI, Request
@@ -18,6 +18,7 @@ from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError
+from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_infer_request, encode_infer_response
 from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
 from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
@@ -25,6 +26,12 @@ from serving_pod.http.compression import choose_encoding, decode_body, encode_bo
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+class Infers(Protocol):
+    """What the infer route needs of an engine: the server's ``Engine``, or a protocol worker's ``RemoteEngine``."""
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
 
 
 class InferHead(NamedTuple):
@@ -60,7 +67,7 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 
 
-async def answer_infer(engine: Engine, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
+async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
     """(status, body, extra headers, content type) for one inference request; errors become their answer."""
     try:
         if head.encoding:
@@ -95,7 +102,7 @@ class InferEndpoint:
     this endpoint takes the rest (pipelined requests, escaped paths) and serves ``--http-workers``.
     """
 
-    def __init__(self, app: ASGIApp, engine: Engine, max_input_size: int) -> None:
+    def __init__(self, app: ASGIApp, engine: Infers, max_input_size: int) -> None:
         self.app = app
         self.engine = engine
         self.max_input_size = max_input_size
