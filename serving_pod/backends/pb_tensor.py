@@ -1,10 +1,10 @@
 """Tensors, data types and errors of Ferry's ``triton_python_backend_utils`` (see ``pb_utils``).
 
 ``Tensor`` wraps a numpy array without copying; ``Tensor._wrap`` is the trusted fast path the
-backend uses for the engine's (already validated) tensors, whose read-only views of a request body are
+backend uses for the engine's (already validated) tensors. A read-only view of a request body is
 copied once when the model asks for the array (``as_numpy``, ``to_dlpack``), as Triton's stub gives
-models arrays of their own. ``TritonError`` is the error value
-a model attaches to one response; ``TritonModelException`` is what the API raises on misuse.
+models arrays of their own. ``TritonError`` is the error value a model attaches to one response;
+``TritonModelException`` is what the API raises on misuse.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ def result_from_wire(result: Any) -> Any:
 
 
 def results_to_wire(results: list[Any]) -> list[Any]:
-    return [response_to_wire(result) if type(result) is InferResponse else result for result in results]
+    return [result_to_wire(result) for result in results]
 
 
 def results_from_wire(results: list[Any]) -> list[Any]:
-    return [response_from_wire(result) if type(result) is tuple else result for result in results]
+    return [result_from_wire(result) for result in results]
