@@ -81,6 +81,8 @@ class OnnxRuntimeInstance(BatchedInstance):
     #: a session run never calls back into the engine: small graphs may run on the event loop
     #: thread (schedulers/instances.py decides from measured execution times)
     inline_safe = True
+    #: a session run releases the GIL: an execution on the worker thread gets the GIL handed over
+    releases_gil = True
 
     def __init__(self, session: Any, run_options: Any, plan: InstancePlan, *, use_ort_values: bool = False) -> None:
         self._session = session

@@ -154,6 +154,9 @@ def _check(cudart: Any, result: Any, what: str, model: str) -> Any:
 class TensorRTInstance(BatchedInstance):
     """An execution context with its own stream and reusable device buffers."""
 
+    #: copies and ``execute_async_v3`` run in native code without the GIL (``schedulers.instances``)
+    releases_gil = True
+
     def __init__(self, engine: Any, context: InstanceContext, inputs: Infos, outputs: Infos, cudart: Any) -> None:
         self._plan = build_plan(context, inputs, outputs)
         self._cudart = cudart

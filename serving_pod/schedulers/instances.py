@@ -16,11 +16,21 @@ the loop only a couple of times, while one preempted execution (2 cores shared w
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child
 process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
 with no thread hop either way; None from it sends that execution to the instance's thread.
+
+GIL hand-off: a worker thread woken by the loop must take the GIL before it runs a line. Under load the
+loop (uvloop) drops and retakes the GIL between callbacks faster than a woken thread can claim it, and
+CPython 3.11 lets the loop win again and again: a batch of a 1 ms ONNX model waited about 560 us to
+start (``compute_input``). For an instance that declares ``releases_gil`` (its ``execute`` soon enters
+native code without the GIL: onnxruntime, TensorRT), the loop waits on a lock, the GIL released, until
+the worker runs (``HANDOFF_TIMEOUT_S`` at most); the worker drops the GIL in the framework call and the
+loop goes on. A python model holds the GIL while it runs, so the loop would wait on it instead: its
+executions start the ordinary way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
@@ -40,6 +50,8 @@ INLINE_WINDOW = 64
 INLINE_EXIT_NS = 2_000_000
 INLINE_EXIT_STRIKES = 2
 INLINE_COOLDOWN = 1_000
+#: the longest the loop waits for a woken worker thread to take the GIL (see the module docstring)
+HANDOFF_TIMEOUT_S = 0.002
 
 
 class _Mode:
@@ -110,6 +122,8 @@ class InstancePool:
         ]
         #: ``execute_on_loop`` of instances that wait on I/O (an isolated python model's child process)
         self._on_loop = [getattr(instance, "execute_on_loop", None) for instance in instances]
+        #: instances whose execution releases the GIL in native code: their worker gets the GIL handed over
+        self._hand_off = [bool(getattr(instance, "releases_gil", False)) for instance in instances]
         self._idle: asyncio.Queue[int] = asyncio.Queue()
         self._waiting = 0
         for index in range(len(instances)):
@@ -173,9 +187,12 @@ class InstancePool:
         pending = on_loop(requests) if on_loop is not None else None
         if pending is not None:
             return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
+        started = _locked() if self._hand_off[index] else None
         running = asyncio.get_running_loop().run_in_executor(
-            self._executors[index], _run_threaded, self.instances[index], requests
+            self._executors[index], _run_threaded, self.instances[index], requests, started
         )
+        if started is not None:
+            started.acquire(timeout=HANDOFF_TIMEOUT_S)  # the GIL is free until the worker runs
         return self._finish_threaded(running, mode, requests, dispatch_ns)
 
     async def _finish_on_loop(self, pending: Awaitable[list[Result]], requests: list[InferRequest], dispatch_ns: int,
@@ -243,9 +260,17 @@ class InstancePool:
             executor.shutdown(wait=True)
 
 
+def _locked() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 def _run_threaded(
-    instance: ModelInstance, requests: list[InferRequest]
+    instance: ModelInstance, requests: list[InferRequest], started: threading.Lock | None
 ) -> tuple[list[Result], int, int, int]:
+    if started is not None:
+        started.release()  # the loop goes on once this thread gives up the GIL
     cpu_ns = time.thread_time_ns()
     results, start_ns, end_ns = _run(instance, requests)
     return results, start_ns, end_ns, time.thread_time_ns() - cpu_ns

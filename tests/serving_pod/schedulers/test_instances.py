@@ -2,20 +2,24 @@
 
 Instances here implement the backend interface directly (``execute``, ``close`` and, for the on-loop path,
 ``execute_on_loop``), so each path is driven on its own: on the instance's thread, awaited on the loop,
-the on-loop path declining (None: the thread runs it) and a backend that raises on either path.
+the on-loop path declining (None: the thread runs it) and a backend that raises on either path; and the
+GIL hand-off to the worker thread of an instance that declares ``releases_gil``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
+import pytest
 
 from serving_pod.core.errors import InternalError
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
+from serving_pod.schedulers import instances
 from serving_pod.schedulers.instances import InstancePool
 
 
@@ -55,6 +59,21 @@ class OnLoop(Threaded):
             return [_answer(r, "loop") for r in requests]
 
         return answered()
+
+
+class Gated(Threaded):
+    """Releases the GIL as a framework call would: waits for ``go`` once it has ``entered``."""
+
+    releases_gil = True
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        self.entered.set()
+        self.go.wait(30)
+        return super().execute(requests)
 
 
 class Raising(Threaded):
@@ -107,3 +126,54 @@ async def test_a_closed_pool_fails_requests_instead_of_raising() -> None:
     await asyncio.to_thread(pool.close)  # its worker thread is gone
     results = await pool.execute(0, [_request(1)])
     assert isinstance(results[0], InternalError) and "cannot schedule new futures" in results[0].message
+
+
+@pytest.fixture
+def patient_gil() -> Iterator[None]:
+    """No forced GIL switch (CPython's 5 ms) in these tests: only the hand-off decides who runs."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    yield
+    sys.setswitchinterval(interval)
+
+
+async def test_a_gil_releasing_instance_is_running_when_execute_returns(
+    patient_gil: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(instances, "HANDOFF_TIMEOUT_S", 30.0, raising=False)
+    instance = Gated()
+    pool = _pool(instance)
+    try:
+        instance.go.set()
+        await pool.execute(0, [_request(0)])  # the worker thread exists (starting one releases the GIL)
+        instance.entered.clear()
+        instance.go.clear()
+        pending = pool.execute(0, [_request(1), _request(2)])
+        # the loop waited, GIL released, until the worker ran into the (GIL-free) framework call
+        assert instance.entered.is_set()
+        instance.go.set()
+        results = await pending
+    finally:
+        instance.go.set()
+        await asyncio.to_thread(pool.close)
+    assert [r.outputs[0].data.tolist() for r in results] == [[2.0], [4.0]]
+    assert pool.stats.execution_count == 2 and pool.stats.inference_count == 3
+
+
+async def test_a_hand_off_to_a_busy_worker_gives_up_and_the_execution_still_runs(
+    patient_gil: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(instances, "HANDOFF_TIMEOUT_S", 0.05, raising=False)
+    instance = Gated()
+    pool = _pool(instance)
+    try:
+        first = pool.execute(0, [_request(1)])
+        assert instance.entered.is_set()
+        second = pool.execute(0, [_request(3)])  # its worker is busy: the loop stops waiting after the timeout
+        instance.go.set()
+        results = [*(await first), *(await second)]
+    finally:
+        instance.go.set()
+        await asyncio.to_thread(pool.close)
+    assert [r.outputs[0].data.tolist() for r in results] == [[2.0], [6.0]]
+    assert pool.stats.execution_count == 2
