@@ -65,3 +65,21 @@ def test_mlp_graph_io_matches_the_reference_when_present() -> None:
                 [(v.name, v.type.tensor_type.elem_type) for v in (*g.input, *g.output)])
 
     assert signature(onnx.load(str(make_models.MLP_PATH))) == signature(onnx.load(str(reference)))
+
+
+def test_wide_mlp_is_written_as_a_model_with_the_shipped_config(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    assert make_models.main(["--wide", str(tmp_path)]) == 0
+    config = _config(tmp_path / make_models.WIDE_NAME / "config.pbtxt")
+    shipped = _config(MODELS / "mlp_onnx" / "config.pbtxt")
+    assert config.name == make_models.WIDE_NAME
+    shipped.name = config.name
+    assert config == shipped  # only the name differs
+    session = ort.InferenceSession(str(tmp_path / make_models.WIDE_NAME / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    (y,) = session.run(None, {"INPUT0": x})
+    assert y.shape == (3, 64) and np.std(y) > 0.1
+    onnx = pytest.importorskip("onnx")
+    model = onnx.load(str(tmp_path / make_models.WIDE_NAME / "1" / "model.onnx"))
+    assert [tuple(t.dims) for t in model.graph.initializer if len(t.dims) == 2] == [(256, 2048), (2048, 2048), (2048, 64)]
