@@ -91,6 +91,13 @@ class Request(dict):
         self.request_id = request_id
 
 
+def _call_of(request: InferRequest) -> Request:
+    """What the function gets for ``request``: arrays it may write into (``x /= 255``), so a read-only view of
+    the request body is copied; the request's parameters and id."""
+    inputs = {t.name: t.data if t.data.flags.writeable else t.data.copy() for t in request.inputs}
+    return Request(inputs, request.parameters, request.id)
+
+
 @dataclass(frozen=True, slots=True)
 class _Output:
     name: str
@@ -125,7 +132,7 @@ class CallableInstance:
     def execute(self, requests: list[InferRequest]) -> list[InferResponse | ServerError | None]:
         if self.decoupled:
             return self._execute_stream(requests)
-        calls = [Request({t.name: t.data for t in r.inputs}, r.parameters, r.id) for r in requests]
+        calls = [_call_of(r) for r in requests]
         token = _CURRENT.set(self.binding)
         try:
             results = self._results(self._resolve(self.function(calls)), len(requests))
@@ -148,7 +155,7 @@ class CallableInstance:
         if not live:
             return answers
         streams: list[InferRequest | None] = list(live)  # None once answered or gone
-        calls = [Request({t.name: t.data for t in r.inputs}, r.parameters, r.id) for r in live]
+        calls = [_call_of(r) for r in live]
         token = _CURRENT.set(self.binding)
         try:
             produced = self._resolve(self.function(calls))

@@ -32,6 +32,12 @@ def fragile(x):
     return {"y": x}
 
 
+def scale_in_place(requests):
+    for request in requests:
+        request["x"] *= 2  # the function's own arrays, as with PyTriton
+    return [{"y": request["x"]} for request in requests]
+
+
 @pytest.fixture(scope="module")
 def server():
     with Server(http_port=0, grpc_port=0, metrics_port=0) as started:
@@ -40,6 +46,8 @@ def server():
             ModelConfig(max_batch_size=16, batcher=DynamicBatcher(max_queue_delay_microseconds=100_000)),
         )
         started.bind("fragile", fragile, [Tensor("x", np.float32, (2,))], [Tensor("y", np.float32, (2,))])
+        started.bind("scale_in_place", scale_in_place, [Tensor("x", np.float32, (2,))],
+                     [Tensor("y", np.float32, (2,))])
         yield started
 
 
@@ -122,6 +130,14 @@ def test_model_client_inputs_and_errors(server: Server, protocol: str) -> None:
             client.infer_batch(x=np.ones((1, 2), np.float32))
         with pytest.raises(TimeoutError, match="model 'missing' not ready"):
             client.wait_for_model(0.1)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_function_may_write_into_its_inputs(server: Server, protocol: str) -> None:
+    """Without the copy, numpy refuses: "output array is read-only" (the request body's bytes)."""
+    with ModelClient(url(server, protocol), "scale_in_place") as client:
+        result = client.infer_batch(x=np.array([[1.5, -2.0], [3.0, 4.0]], np.float32))
+    assert result["y"].tolist() == [[3.0, -4.0], [6.0, 8.0]]
 
 
 def test_parse_url() -> None:
