@@ -187,13 +187,20 @@ class InstancePool:
         pending = on_loop(requests) if on_loop is not None else None
         if pending is not None:
             return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
+        return self._finish_threaded(self.run_threaded(index, requests), mode, requests, dispatch_ns)
+
+    def run_threaded(self, index: int, requests: list[InferRequest]) -> Awaitable[tuple[list[Result], int, int, int]]:
+        """Start ``requests`` on instance ``index``'s worker thread, uncharged: (results, start, end, thread CPU ns).
+
+        The GIL is handed over to the worker when the instance declares ``releases_gil`` (module docstring).
+        """
         started = _locked() if self._hand_off[index] else None
         running = asyncio.get_running_loop().run_in_executor(
             self._executors[index], _run_threaded, self.instances[index], requests, started
         )
         if started is not None:
             started.acquire(timeout=HANDOFF_TIMEOUT_S)  # the GIL is free until the worker runs
-        return self._finish_threaded(running, mode, requests, dispatch_ns)
+        return running
 
     async def _finish_on_loop(self, pending: Awaitable[list[Result]], requests: list[InferRequest], dispatch_ns: int,
                               start_ns: int) -> list[Result]:

@@ -7,7 +7,6 @@ direct-strategy batch that holds null requests and charges statistics for the re
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -87,13 +86,10 @@ class StateIO:
 async def run_padded(pool: instances.InstancePool, index: int, requests: list[InferRequest], real: set[int]) -> list[Any]:
     """Execute a batch holding null requests on instance ``index``; only ids in ``real`` are charged.
 
-    Uses the pool's worker thread and runner directly: ``InstancePool.execute`` charges every request.
+    Uses the pool's worker thread directly: ``InstancePool.execute`` charges every request.
     """
-    loop = asyncio.get_running_loop()
     dispatch_ns = time.monotonic_ns()
-    results, start_ns, end_ns = await loop.run_in_executor(
-        pool._executors[index], instances._run, pool.instances[index], requests
-    )
+    results, start_ns, end_ns, _ = await pool.run_threaded(index, requests)
     done_ns = time.monotonic_ns()
     keep = [i for i, request in enumerate(requests) if id(request) in real]
     pool.charge([requests[i] for i in keep], [results[i] for i in keep], dispatch_ns, start_ns, end_ns, done_ns)
