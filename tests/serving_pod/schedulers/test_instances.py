@@ -9,9 +9,10 @@ GIL hand-off to the worker thread of an instance that declares ``releases_gil``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, AsyncIterator
 
 import numpy as np
 import pytest
@@ -128,22 +129,24 @@ async def test_a_closed_pool_fails_requests_instead_of_raising() -> None:
     assert isinstance(results[0], InternalError) and "cannot schedule new futures" in results[0].message
 
 
-@pytest.fixture
-def patient_gil() -> Iterator[None]:
-    """No forced GIL switch (CPython's 5 ms) in these tests: only the hand-off decides who runs."""
+@contextlib.asynccontextmanager
+async def _gated(monkeypatch: pytest.MonkeyPatch, handoff_timeout_s: float) -> AsyncIterator[tuple[Gated, InstancePool]]:
+    """A ``Gated`` instance's pool, with no forced GIL switch (CPython's 5 ms): only the hand-off decides who runs."""
+    monkeypatch.setattr(instances, "HANDOFF_TIMEOUT_S", handoff_timeout_s, raising=False)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(30.0)
-    yield
-    sys.setswitchinterval(interval)
-
-
-async def test_a_gil_releasing_instance_is_running_when_execute_returns(
-    patient_gil: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(instances, "HANDOFF_TIMEOUT_S", 30.0, raising=False)
     instance = Gated()
     pool = _pool(instance)
     try:
+        yield instance, pool
+    finally:
+        instance.go.set()
+        await asyncio.to_thread(pool.close)
+        sys.setswitchinterval(interval)
+
+
+async def test_a_gil_releasing_instance_is_running_when_execute_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _gated(monkeypatch, 30.0) as (instance, pool):
         instance.go.set()
         await pool.execute(0, [_request(0)])  # the worker thread exists (starting one releases the GIL)
         instance.entered.clear()
@@ -153,27 +156,18 @@ async def test_a_gil_releasing_instance_is_running_when_execute_returns(
         assert instance.entered.is_set()
         instance.go.set()
         results = await pending
-    finally:
-        instance.go.set()
-        await asyncio.to_thread(pool.close)
     assert [r.outputs[0].data.tolist() for r in results] == [[2.0], [4.0]]
     assert pool.stats.execution_count == 2 and pool.stats.inference_count == 3
 
 
 async def test_a_hand_off_to_a_busy_worker_gives_up_and_the_execution_still_runs(
-    patient_gil: None, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(instances, "HANDOFF_TIMEOUT_S", 0.05, raising=False)
-    instance = Gated()
-    pool = _pool(instance)
-    try:
+    async with _gated(monkeypatch, 0.05) as (instance, pool):
         first = pool.execute(0, [_request(1)])
         assert instance.entered.is_set()
         second = pool.execute(0, [_request(3)])  # its worker is busy: the loop stops waiting after the timeout
         instance.go.set()
         results = [*(await first), *(await second)]
-    finally:
-        instance.go.set()
-        await asyncio.to_thread(pool.close)
     assert [r.outputs[0].data.tolist() for r in results] == [[2.0], [6.0]]
     assert pool.stats.execution_count == 2
