@@ -4,7 +4,8 @@ A backend turns a model version on disk into model instances. An instance execut
 requests at a time (the scheduler decides the list: one request, or a dynamic batch) and returns
 one response, or one error, per request, in order. ``execute`` is synchronous and runs on the
 instance's own worker thread, so a slow model never blocks the server's event loop. An instance that
-only waits on another process may also offer ``execute_on_loop`` (see ``schedulers.instances``).
+only waits on another process may also offer ``execute_on_loop``; one whose ``execute`` spends its time in
+native code with the GIL released declares ``releases_gil`` (see ``schedulers.instances``).
 
 Heavy imports (onnxruntime, tensorrt, a model's own module) happen inside each backend's
 functions, never at import time of this package.
