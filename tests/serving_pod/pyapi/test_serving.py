@@ -34,7 +34,7 @@ def fragile(x):
 
 def scale_in_place(requests):
     for request in requests:
-        request["x"] *= 2  # the function's own arrays, as with PyTriton
+        request["x"] *= 2  # its own arrays (docs/python-api.md)
     return [{"y": request["x"]} for request in requests]
 
 
