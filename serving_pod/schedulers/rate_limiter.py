@@ -150,6 +150,7 @@ class RateLimitedPool:
         self._listeners: list[Callable[[], None]] = []
         # what schedulers use besides acquisition goes straight to the real pool
         self.execute = inner.execute
+        self.run_threaded = inner.run_threaded
         self.runs_inline = inner.runs_inline
         self.stats = inner.stats
         self.instances = inner.instances

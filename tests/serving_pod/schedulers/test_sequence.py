@@ -118,8 +118,25 @@ def test_sequences_keep_their_slot_controls_and_state(server, protocol: str) -> 
     assert len(seen) == 4 and len(places) == 4  # four sequences, four distinct slots
 
 
-def test_empty_direct_slot_gets_a_not_ready_null_request(server) -> None:
-    """Slot 0 of instance 0 freed, slot 1 busy: the batch is [null(READY=0), request] at position 1."""
+@pytest.fixture(scope="module")
+def limited_server(probe_repo):
+    """The same repository with ``--rate-limit=execution_count``: the scheduler gets a ``RateLimitedPool``."""
+    from support.server import ServerThread, make_options
+
+    thread = ServerThread(make_options([probe_repo], rate_limit="execution_count"))
+    handle = thread.start()
+    assert not handle.engine.startup_failures, handle.engine.startup_failures
+    yield handle
+    thread.stop()
+
+
+@pytest.mark.parametrize("serving", ["server", "limited_server"])
+def test_empty_direct_slot_gets_a_not_ready_null_request(serving: str, request: pytest.FixtureRequest) -> None:
+    """Slot 0 of instance 0 freed, slot 1 busy: the batch is [null(READY=0), request] at position 1.
+
+    Also through the rate limiter's pool, which used to fail that batch with an AttributeError (INTERNAL).
+    """
+    server = request.getfixturevalue(serving)
     _probe(server, "grpc", 1, 701, start=True)   # instance 0, slot 0
     _probe(server, "grpc", 1, 702, start=True)   # instance 1, slot 0
     _probe(server, "grpc", 1, 703, start=True)   # instance 0, slot 1
