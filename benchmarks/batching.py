@@ -3,8 +3,10 @@
 One server loads two copies of the same model from a generated repository: ``<model>_batched`` (the shipped
 config, ``dynamic_batching`` on) and ``<model>_unbatched`` (``dynamic_batching`` removed; the server runs with
 ``--disable-auto-complete-config`` so nothing turns it back on). At each concurrency both copies are measured
-back to back (order alternating between ``--rounds``; figures are medians). Prints a table, the batched/unbatched throughput ratio at c=16 (target >= 2x for the ONNX MLP),
-the servers' average batch sizes, and writes JSON, CSV and a throughput-vs-p99 plot to benchmarks/results/::
+back to back (order alternating between ``--rounds``; figures are medians). Prints a table, the
+batched/unbatched throughput ratio at c=16 (target >= 2x for the ONNX MLP), each copy's average executed
+batch size and time per stage (queue, compute input / infer / output: Triton's statistics, so per execution
+for the compute stages), and writes JSON, CSV and a throughput-vs-p99 plot to benchmarks/results/::
 
     python -m benchmarks.batching                                   # Ferry, mlp_onnx, HTTP, c = 1..64
     python -m benchmarks.batching --server triton --model double_py # the harness against NVIDIA Triton
@@ -13,6 +15,7 @@ the servers' average batch sizes, and writes JSON, CSV and a throughput-vs-p99 p
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 from dataclasses import asdict
@@ -77,13 +80,41 @@ def make_repository(source: Path, dest: Path) -> dict[str, str]:
     return names
 
 
-def batch_size(port: int, model: str) -> float:
-    """Average executed batch size from the server's statistics (inference_count / execution_count)."""
+#: the per-request durations of Triton's statistics that ``execution_profile`` averages
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def execution_profile(stats: dict) -> dict[str, float]:
+    """Average executed batch size and microseconds per request of each stage, from one ``model_stats`` entry.
+
+    Triton charges every request of a batch the whole execution's compute times, so the compute stages are
+    per execution as well. NaN for what the statistics cannot give (no executions, a missing field).
+    """
+    profile = {"batch_size": math.nan, **{stage: math.nan for stage in STAGES}}
+    try:
+        if stats["execution_count"]:
+            profile["batch_size"] = stats["inference_count"] / stats["execution_count"]
+        served = stats["inference_stats"]["success"]["count"]
+        for stage in STAGES:
+            if served:
+                profile[stage] = stats["inference_stats"][stage]["ns"] / served / 1000
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return profile
+
+
+def server_profile(port: int, model: str) -> dict[str, float]:
+    """``execution_profile`` of ``model`` as the server at ``port`` reports it (all NaN when unreadable)."""
     try:
         (stats,) = servers.model_stats(port, model)
-        return stats["inference_count"] / stats["execution_count"] if stats["execution_count"] else float("nan")
-    except (OSError, ValueError, KeyError):
-        return float("nan")
+    except (OSError, ValueError):
+        stats = {}
+    return execution_profile(stats)
+
+
+def format_profile(label: str, profile: dict[str, float]) -> str:
+    stages = ", ".join(f"{stage.replace('_', ' ')} {profile[stage]:.0f}" for stage in STAGES)
+    return f"{label}: average batch {profile['batch_size']:.2f}; us per request: {stages}"
 
 
 def plot(summaries: list[report.Summary], path: Path, title: str) -> str:
@@ -166,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
                     note = "" if res.stable else " (unstable)"
                     print(f"{head} {res.throughput:9.1f} infer/s  p99 {res.p99_us / 1000:7.2f} ms{note}  "
                           f"{used.describe()}" if res.ok else f"{head} FAILED: {res.error}", flush=True)
-        avg_batch = {label: batch_size(ports.http, name) for label, name in names.items()}
+        profiles = {label: server_profile(ports.http, name) for label, name in names.items()}
     summaries = report.summarize(measurements)
     ratio = next((r for r in report.ratios(summaries, UNBATCHED) if r.concurrency == TARGET_CONCURRENCY), None)
     print("\n" + format_table(summaries))
-    print(f"\naverage executed batch size: batched {avg_batch[BATCHED]:.2f}, unbatched {avg_batch[UNBATCHED]:.2f}")
+    print("\nserver statistics (all rounds):")
+    for label in (BATCHED, UNBATCHED):
+        print("  " + format_profile(label, profiles[label]))
     if ratio is not None:
         verdict = "OK" if ratio.throughput_ratio >= TARGET_RATIO else "MISS"
         print(f"dynamic batching at c={TARGET_CONCURRENCY}: {ratio.throughput_ratio:.2f}x throughput "
@@ -178,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     print(plot(summaries, args.out / f"batching-{stamp}.png",
                f"{args.server}: {args.model} dynamic batching on/off ({args.protocol}, perf_analyzer)"))
     payload = {"kind": "batching", "started_utc": stamp, "server": args.server, "model": args.model,
-               "protocol": args.protocol, "server_argv": list(spec.argv), "average_batch_size": avg_batch,
+               "protocol": args.protocol, "server_argv": list(spec.argv),
+               "average_batch_size": {label: profile["batch_size"] for label, profile in profiles.items()},
+               "server_profile": profiles,
                "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],
                "ratio_c16": asdict(ratio) if ratio else None}
     report.write_json(args.out / f"batching-{stamp}.json", payload)

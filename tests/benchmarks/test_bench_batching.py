@@ -53,3 +53,38 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
                                   (("batched", 300.0), ("unbatched", 100.0)) for c in (1, 2, 4)])
     message = batching.plot(summaries, tmp_path / "p.png", "t")
     assert message.startswith("wrote") and (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_server_profile_reads_a_running_servers_statistics(tmp_path: Path) -> None:
+    """Batch size and per-request stage times from Ferry's own statistics after real inferences."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.server import ServerThread, make_options
+
+    names = batching.make_repository(servers.BENCH_MODELS / "mlp_onnx", tmp_path)
+    thread = ServerThread(make_options([tmp_path], model_control_mode="explicit", load_models=tuple(names.values()),
+                                       autocomplete=False))
+    handle = thread.start()
+    try:
+        port = handle.server.http_port
+
+        def infer(model: str) -> None:
+            client = httpclient.InferenceServerClient(handle.http_url)
+            item = httpclient.InferInput("INPUT0", [1, 256], "FP32")
+            item.set_data_from_numpy(np.ones((1, 256), np.float32))
+            client.infer(model, [item])
+            client.close()
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(infer, [names["batched"]] * 32 + [names["unbatched"]] * 8))
+        batched, unbatched = (batching.server_profile(port, names[k]) for k in ("batched", "unbatched"))
+    finally:
+        thread.stop()
+    assert 1.0 <= batched["batch_size"] <= 8.0 and unbatched["batch_size"] == 1.0
+    assert all(profile[stage] > 0 for profile in (batched, unbatched) for stage in ("compute_infer", "queue"))
+    assert batching.format_profile("batched", batched).startswith("batched: average batch ")
+    # a server that cannot be read, or statistics without executions, give NaN rather than an error
+    assert all(math.isnan(v) for v in batching.server_profile(1, "nothing").values())
+    assert all(math.isnan(v) for v in batching.execution_profile({"execution_count": 0}).values())
