@@ -1,4 +1,5 @@
-"""The batching benchmark's generated repository and table (benchmarks/batching.py), without servers."""
+"""The batching benchmark (benchmarks/batching.py): generated repository, table and plot without servers; the
+statistics readout against a running in-process server."""
 
 from __future__ import annotations
 
