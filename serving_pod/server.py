@@ -27,6 +27,10 @@ from serving_pod.sockets import bind_socket
 log = logging.getLogger("ferry.server")
 
 
+#: seconds an idle HTTP/1.1 keep-alive connection stays open after its last response
+KEEP_ALIVE_S = 75.0
+
+
 def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
@@ -36,7 +40,7 @@ def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
         **extra,
         log_level="warning",
         access_log=False,
-        timeout_keep_alive=75,
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=5,
         # per-request costs nobody here needs: X-Forwarded-* rewriting and a "server" header
         proxy_headers=False,

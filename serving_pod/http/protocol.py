@@ -11,6 +11,11 @@ Everything else takes uvicorn's ASGI path unchanged: other routes, paths with es
 infer request pipelined behind an unanswered one, and every route that a ``--http-restricted-api`` group
 guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's protocol code looks at it
 (pipelining, shutdown, disconnects).
+
+Keep-alive: uvicorn arms a timer after every response and cancels it when the next request arrives. After
+a direct response this protocol instead notes the time and keeps one timer per connection, which re-arms
+itself for what is left while requests keep coming: an idle connection still closes ``timeout_keep_alive``
+after its last response, and a busy one creates no timer per request.
 """
 
 from __future__ import annotations
@@ -74,6 +79,17 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     engine: Engine
     max_input_size: int = 64 * 1024 * 1024
     direct_infer: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle_since = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        super().connection_lost(exc)
 
     def begin_request(self) -> None:
         if not self._begin_infer():
@@ -159,7 +175,36 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         cycle.response_complete = True
         if not cycle.keep_alive:
             self.transport.close()
-        self.on_response_complete()
+        self._direct_response_complete()
+
+    def _direct_response_complete(self) -> None:
+        """uvicorn's ``on_response_complete`` with the connection's one idle timer for its per-response one."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()  # one an ASGI response armed
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Close the connection once it has been idle ``timeout_keep_alive`` since its last direct response."""
+        self._idle_timer = None
+        if self.transport.is_closing():
+            return
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if busy or self._mid_message or self.timeout_keep_alive_task is not None:
+            return  # a request in progress arms the timer again when it is answered; uvicorn's timer is set
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self._idle_timer = self.loop.call_later(left, self._idle_check)
+        else:
+            self.transport.close()
 
 
 def http_protocol(

@@ -229,3 +229,43 @@ def test_engine_failure_gets_500_and_the_server_goes_on(server, monkeypatch):
     wire.close()
     response = httpx.post(f"http://{server.http_url}/v2/models/idt/infer", content=BODY)
     assert response.status_code == 200 and _outputs(response.content) == [1, 2, 3, 4]
+
+
+@pytest.fixture
+def short_keep_alive(monkeypatch):
+    """Servers started after this close keep-alive connections idle for 1 s (75 s in production)."""
+    import serving_pod.server
+
+    monkeypatch.setattr(serving_pod.server, "KEEP_ALIVE_S", 1.0)
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(short_keep_alive, server):
+    wire = Wire(_port(server))
+    try:
+        wire.send(_request("/v2/models/idt/infer"))
+        assert wire.response()[0] == 200
+        began = time.monotonic()
+        assert wire.closed()  # the server closes it; the socket's own timeout is 10 s
+        assert 0.8 < time.monotonic() - began < 5.0
+    finally:
+        wire.close()
+
+
+def test_a_busy_keep_alive_connection_stays_open_past_the_timeout(short_keep_alive, server):
+    """Requests every 0.1 s for 3 s (three timeouts), direct and ASGI routes mixed, on one connection."""
+    wire = Wire(_port(server))
+    try:
+        deadline = time.monotonic() + 3.0
+        count = 0
+        while time.monotonic() < deadline:
+            if count % 5 == 4:
+                wire.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n")
+            else:
+                wire.send(_request("/v2/models/idt/infer"))
+            assert wire.response()[0] == 200, f"request {count}"
+            count += 1
+            time.sleep(0.1)
+        assert count >= 20
+        assert wire.closed()  # and once idle, it closes
+    finally:
+        wire.close()
