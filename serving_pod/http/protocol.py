@@ -12,10 +12,10 @@ infer request pipelined behind an unanswered one, and every route that a ``--htt
 guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's protocol code looks at it
 (pipelining, shutdown, disconnects).
 
-Keep-alive: uvicorn arms a timer after every response and cancels it when the next request arrives. After
-a direct response this protocol instead notes the time and keeps one timer per connection, which re-arms
-itself for what is left while requests keep coming: an idle connection still closes ``timeout_keep_alive``
-after its last response, and a busy one creates no timer per request.
+Keep-alive: uvicorn arms a timer after every response and cancels it when the next request arrives. This
+protocol's ``on_response_complete`` (both paths end there) instead notes the time and keeps one timer per
+connection, which re-arms itself for what is left while requests keep coming: an idle connection still
+closes ``timeout_keep_alive`` after its last response, and a busy one creates no timer per request.
 """
 
 from __future__ import annotations
@@ -175,14 +175,13 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         cycle.response_complete = True
         if not cycle.keep_alive:
             self.transport.close()
-        self._direct_response_complete()
+        self.on_response_complete()
 
-    def _direct_response_complete(self) -> None:
-        """uvicorn's ``on_response_complete`` with the connection's one idle timer for its per-response one."""
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the connection's one idle timer for its per-response one (direct and ASGI answers)."""
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()  # one an ASGI response armed
         self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
@@ -193,13 +192,12 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
 
     def _idle_check(self) -> None:
-        """Close the connection once it has been idle ``timeout_keep_alive`` since its last direct response."""
+        """Close the connection once it has been idle ``timeout_keep_alive`` since its last response."""
         self._idle_timer = None
         if self.transport.is_closing():
             return
-        busy = self.cycle is not None and not self.cycle.response_complete
-        if busy or self._mid_message or self.timeout_keep_alive_task is not None:
-            return  # a request in progress arms the timer again when it is answered; uvicorn's timer is set
+        if self._mid_message or (self.cycle is not None and not self.cycle.response_complete):
+            return  # a request in progress arms the timer again when it is answered
         left = self._idle_since + self.timeout_keep_alive - self.loop.time()
         if left > 0:
             self._idle_timer = self.loop.call_later(left, self._idle_check)

@@ -239,10 +239,13 @@ def short_keep_alive(monkeypatch):
     monkeypatch.setattr(serving_pod.server, "KEEP_ALIVE_S", 1.0)
 
 
-def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(short_keep_alive, server):
+@pytest.mark.parametrize("request_bytes", [_request("/v2/models/idt/infer"),
+                                           b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n"],
+                         ids=["direct", "asgi"])
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(short_keep_alive, server, request_bytes):
     wire = Wire(_port(server))
     try:
-        wire.send(_request("/v2/models/idt/infer"))
+        wire.send(request_bytes)
         assert wire.response()[0] == 200
         began = time.monotonic()
         assert wire.closed()  # the server closes it; the socket's own timeout is 10 s
