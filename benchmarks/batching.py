@@ -95,10 +95,10 @@ def execution_profile(stats: dict) -> dict[str, float]:
         if stats["execution_count"]:
             profile["batch_size"] = stats["inference_count"] / stats["execution_count"]
         served = stats["inference_stats"]["success"]["count"]
-        for stage in STAGES:
-            if served:
+        if served:
+            for stage in STAGES:
                 profile[stage] = stats["inference_stats"][stage]["ns"] / served / 1000
-    except (KeyError, TypeError, ZeroDivisionError):
+    except (KeyError, TypeError):
         pass
     return profile
 
