@@ -5,7 +5,10 @@ how an interrupted sweep resumes). Otherwise the candidate's configuration is lo
 the repository API with a ``config`` override — only when it differs from what is loaded — measured, and
 recorded in the checkpoint before the next point starts. A configuration the server refuses is recorded
 with its error and yields failed measurements; the sweep goes on — except the model's own configuration,
-whose refusal ends the sweep. The server is only started (``target.Session``) when something must be measured.
+whose refusal ends the sweep. So is a candidate the server serves at another point than asked (read back
+from ``/v2/models/<m>/config``): Triton's and Ferry's config auto-complete turn dynamic batching on for a
+model with ``max_batch_size`` > 1 and no scheduler, so a "dynamic batching off" candidate would otherwise be
+measured batched and reported as unbatched. The server is only started (``target.Session``) when something must be measured.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from serving_pod.analyzer.loadgen import LoadGenerator
 from serving_pod.analyzer.measure import Measurement, failed, measure
 from serving_pod.analyzer.progress import Progress
 from serving_pod.analyzer.search import Candidate
-from serving_pod.analyzer.space import apply_point, config_dict, config_json
+from serving_pod.analyzer.space import ConfigPoint, apply_point, config_dict, config_from_dict, config_json, point_of
 from serving_pod.analyzer.target import LoadError, Session
 
 
@@ -59,6 +62,8 @@ class ModelRunner:
             self.was_ready = self.session.remote and client.model_ready(self.model)
         try:
             client.load(self.model, config_json(config))
+            if candidate.key != self.default_key:  # the model's own config is measured as the server serves it
+                self._check_served(client.model_config(self.model), candidate.point)
         except LoadError as exc:
             if candidate.key == self.default_key:
                 raise AnalyzerError(f"model '{self.model}' does not load with its own configuration: {exc}") from None
@@ -69,6 +74,17 @@ class ModelRunner:
             return str(exc)
         self.loaded_key = candidate.key
         return ""
+
+    def _check_served(self, served: dict[str, Any], point: ConfigPoint) -> None:
+        """A ``LoadError`` when the server serves the model at another point than ``point``."""
+        actual = point_of(config_from_dict(served))
+        if actual == point.normalized():
+            return
+        hint = ""
+        if actual.dynamic_batching and not point.dynamic_batching:
+            hint = ("; the server's config auto-complete turns dynamic batching on for a model with max_batch_size > 1 "
+                    "and no scheduler: start it with --disable-auto-complete-config (--server-arg) to measure it off")
+        raise LoadError(f"the server serves '{self.model}' as {actual.key}, not {point.key}{hint}")
 
     def measure(self, candidate: Candidate, concurrency: int, trial: int = 0) -> Measurement:
         label = f"{self.model} {candidate.key} c={concurrency}" + (f" verify#{trial}" if trial else "")

@@ -213,10 +213,11 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 
 def config_from_dict(data: dict[str, Any]) -> Any:
+    """A ``ModelConfig`` from its JSON form (a checkpoint's, or a server's ``/config``; unknown fields skipped)."""
     from google.protobuf import json_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    return json_format.ParseDict(data, mc.ModelConfig())
+    return json_format.ParseDict(data, mc.ModelConfig(), ignore_unknown_fields=True)
 
 
 def config_pbtxt(config: Any) -> str:

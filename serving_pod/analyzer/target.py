@@ -80,6 +80,13 @@ class ServerClient:
         if status != 200:
             raise LoadError(f"server refused to unload '{model}' (HTTP {status}): {self._error(payload)}")
 
+    def model_config(self, model: str) -> dict[str, Any]:
+        """The configuration the server serves ``model`` with (``GET /v2/models/<m>/config``)."""
+        status, payload = self._request("GET", f"/v2/models/{model}/config")
+        if status != 200:
+            raise ServerError(f"configuration of '{model}' unavailable (HTTP {status}): {self._error(payload)}")
+        return json.loads(payload)
+
     def statistics(self, model: str) -> dict[str, Any]:
         """The statistics extension's entry for ``model`` (all versions summed by ``stats``)."""
         status, payload = self._request("GET", f"/v2/models/{model}/stats")

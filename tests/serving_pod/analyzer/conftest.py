@@ -76,10 +76,11 @@ def run_profile() -> ProfileFn:
 @pytest.fixture(scope="package")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """2 configurations (the model's own, and dynamic batching off) x concurrency 1 and 4, then the best point
-    and the default's best measured once more (verification)."""
+    and the default's best measured once more (verification). The server runs without config auto-complete,
+    which would turn dynamic batching back on for the "off" configuration."""
     root = tmp_path_factory.mktemp("analyzer")
     args = ("--run-config-search-mode", "brute", "--concurrency", "1,4", "--max-instance-count", "1",
             "--max-batch-sizes", "64", "--dynamic-batching", "off", "--verify-runs", "1", "--verify-top", "1",
-            *load_generator_args())
+            "--server-arg=--disable-auto-complete-config", *load_generator_args())
     code, stdout = profile(root, *args)
     return Sweep(root, args, code, stdout)

@@ -34,6 +34,8 @@ def test_tiny_sweep_recommends_and_writes_the_config(sweep) -> None:
         assert m.throughput > 0 and m.p99_ms > 0
         assert m.compute_us and m.compute_us > 0 and m.queue_us is not None  # statistics extension deltas
         assert m.rss_mb and m.rss_mb > 20 and m.cpu_percent is not None  # psutil on the server pid
+        if m.config_key == "i1-b64-nodb":
+            assert m.avg_batch == 1.0  # really unbatched: every execution ran one request
     medians = sweep.medians()
     key, concurrency = max(verified, key=lambda point: medians[point][0])  # best median throughput wins
     assert result["recommended"] == {"config_key": key, "concurrency": concurrency}
@@ -43,6 +45,21 @@ def test_tiny_sweep_recommends_and_writes_the_config(sweep) -> None:
     assert point_of(written) == expected
     assert (sweep.root / "out" / "mlp_onnx" / "1" / "model.onnx").is_file()
     assert f"recommended {best.config_key} at concurrency {best.concurrency}" in sweep.stdout
+
+
+def test_unbatched_candidate_the_server_batches_is_refused(tmp_path: Path, run_profile) -> None:
+    """With config auto-complete on (the server's default) the "off" candidate comes back with dynamic batching:
+    it is recorded as not loaded, with the reason and the flag to use, instead of being measured batched."""
+    code, stdout = run_profile(tmp_path, "--run-config-search-mode", "brute", "--concurrency", "1",
+                               "--max-instance-count", "1", "--max-batch-sizes", "64", "--dynamic-batching", "off",
+                               "--verify-runs", "0", "--load-generator", "builtin")
+    assert code == 0, stdout
+    data = json.loads((tmp_path / "ck" / FILENAME).read_text())["models"]["mlp_onnx"]
+    error = data["configs"]["i1-b64-nodb"]["error"]
+    assert "serves 'mlp_onnx' as i1-b64-db0, not i1-b64-nodb" in error
+    assert "--disable-auto-complete-config" in error
+    assert {m["config_key"] for m in data["measurements"]} == {"i1-b64-db200"}  # nothing measured for "off"
+    assert data["result"]["recommended"]["config_key"] == "i1-b64-db200"
 
 
 async def test_written_model_loads_in_ferry(sweep, server_factory) -> None:
@@ -96,7 +113,7 @@ def test_quick_sweep_of_a_python_model_with_the_builtin_generator(tmp_path: Path
     code, stdout = run_profile(tmp_path, "--run-config-search-mode", "quick", "--concurrency", "1..2",
                            "--max-instance-count", "2", "--max-batch-sizes", "64", "--delays-us", "100",
                            "--preferred-batch-sizes", "none", "--load-generator", "builtin", "--verify-runs", "0",
-                           models="double_py")
+                           "--server-arg=--disable-auto-complete-config", models="double_py")
     assert code == 0, stdout
     data = json.loads((tmp_path / "ck" / FILENAME).read_text())
     assert data["settings"]["load_generator"] == "builtin"
