@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--rounds", type=int, default=1, help="sweeps over all levels; figures are medians")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
+    loadgen.add_client_cpus(p)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     try:
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             for level in args.levels:
                 for label in order:
                     point = perfcsv.PerfSpec(names[label], url, args.protocol, level, args.measurement_interval,
-                                             99, max_trials=args.max_trials)
+                                             99, max_trials=args.max_trials, cpus=args.client_cpus)
                     res, measurement, used = loadgen.measure_point(
                         pa.command(), pa.env, point, work, f"{label}-c{level}-r{round_no}", server=label,
                         round_no=round_no, server_pid=srv.pid, http_port=ports.http)
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     print(plot(summaries, args.out / f"batching-{stamp}.png",
                f"{args.server}: {args.model} dynamic batching on/off ({args.protocol}, perf_analyzer)"))
     payload = {"kind": "batching", "started_utc": stamp, "server": args.server, "model": args.model,
-               "protocol": args.protocol, "server_argv": list(spec.argv),
+               "protocol": args.protocol, "server_argv": list(spec.argv), "client_cpus": list(args.client_cpus),
                "average_batch_size": {label: profile["batch_size"] for label, profile in profiles.items()},
                "server_profile": profiles,
                "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],

@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ferry-variant", action="append", default=[], metavar="NAME=ARGS",
                    help="another Ferry configuration in the rotation, e.g. 'w2=--http-workers=2'")
     p.add_argument("--triton-arg", action="append", default=[], help="extra tritonserver flag (repeatable)")
+    loadgen.add_client_cpus(p)
     p.add_argument("--soak-minutes", type=float, default=0.0, help="c=16 load on Ferry sampling RSS")
     p.add_argument("--soak-protocols", default="http", help="comma list of http, grpc: one soak each")
     p.add_argument("--no-default-startup", action="store_true",
@@ -151,7 +152,7 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
             url = f"127.0.0.1:{ports.http if protocol == 'http' else ports.grpc}"
             for conc in args.concurrency_levels:
                 point = perfcsv.PerfSpec(args.model, url, protocol, conc, args.measurement_interval, 99,
-                                         args.stability_percentage, args.max_trials)
+                                         args.stability_percentage, args.max_trials, cpus=args.client_cpus)
                 res, measurement, used = loadgen.measure_point(
                     pa.command(), pa.env, point, log_dir, f"{spec.name}-r{round_no}-{protocol}-c{conc}",
                     server=spec.name, round_no=round_no, server_pid=srv.pid, http_port=ports.http,
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                  "loadavg_start": load, "loadavg_end": os.getloadavg()},
         "tools": {"perf_analyzer": PERF_ANALYZER_VERSION, "triton": TRITON_VERSION},
         "flags": {"measurement_interval_ms": args.measurement_interval, "percentile": 99, "rounds": args.rounds,
-                  "stability_percentage": args.stability_percentage, "max_trials": args.max_trials},
+                  "stability_percentage": args.stability_percentage, "max_trials": args.max_trials,
+                  "client_cpus": list(args.client_cpus)},
         "servers": [{"name": s.name, "argv": list(s.argv)} for s in specs],
         "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],
         "ratios": [asdict(r) | {"throughput_ok": r.throughput_ok, "p99_ok": r.p99_ok} for r in ratio_rows],

@@ -5,12 +5,16 @@ Each run writes ``<name>.csv`` and ``<name>.log`` (its stdout) into the run's lo
 windows while throughput holds). Such a point is retried ``retries`` times with the same flags, then taken
 as the medians of its windows and flagged ``stable=False`` — the same treatment for every server.
 ``measure_point`` also reads the server's CPU per inference around the run (``cpu``) and gives the round's
-``report.Measurement``. Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
+``report.Measurement``. ``--client-cpus`` (``add_client_cpus``) confines perf_analyzer to some CPUs, as a
+client machine of its own would be: on this 2-core box, the kernel otherwise wakes perf_analyzer's threads
+on the server's core (socket wake-ups are "sync" wake-ups), and over a run they take more and more of it. Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +36,26 @@ def start_run() -> tuple[Located | None, str]:
         print(f"error: {pa.reason}", file=sys.stderr)
         return None, ""
     return pa, datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def add_client_cpus(parser: argparse.ArgumentParser) -> None:
+    """The drivers' ``--client-cpus`` option (parsed to a tuple of CPU numbers; empty: any CPU)."""
+    def cpus(text: str) -> tuple[int, ...]:
+        try:
+            return perfcsv.parse_cpus(text, os.sched_getaffinity(0))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument("--client-cpus", type=cpus, default=(), metavar="LIST",
+                        help="run perf_analyzer on these CPUs only, e.g. 1 or 2-3 (servers keep every CPU)")
+
+
+def popen_kwargs(spec: perfcsv.PerfSpec) -> dict:
+    """``subprocess`` keyword arguments that apply ``spec.cpus`` to the perf_analyzer process."""
+    if not spec.cpus:
+        return {}
+    cpus = set(spec.cpus)
+    return {"preexec_fn": lambda: os.sched_setaffinity(0, cpus)}
 
 
 @dataclass(frozen=True)
@@ -61,7 +85,8 @@ def run_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.Perf
         csv_path.unlink(missing_ok=True)
         argv = [*command, *perfcsv.perf_args(spec, str(csv_path))]
         try:
-            proc = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout,
+                                  **popen_kwargs(spec))
             stdout, rc = proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or ""

@@ -27,7 +27,7 @@ class PerfSpec:
     """One perf_analyzer run: a model, a server endpoint, a protocol and one concurrency level.
 
     Runs are verbose (``-v``) so every window's throughput and p99 appear in stdout (see
-    :func:`unstable_estimate`).
+    :func:`unstable_estimate`). ``cpus`` (empty: any) confines perf_analyzer to those CPUs (``--client-cpus``).
     """
 
     model: str
@@ -39,6 +39,7 @@ class PerfSpec:
     stability_percentage: float = 10.0
     max_trials: int = 10
     extra: tuple[str, ...] = ()
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -47,6 +48,24 @@ class PerfSpec:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.measurement_interval_ms < 100:
             raise ValueError(f"measurement interval must be >= 100 ms, got {self.measurement_interval_ms}")
+
+
+def parse_cpus(text: str, usable: set[int]) -> tuple[int, ...]:
+    """``"1"``, ``"2,3"`` or ``"2-3"`` as sorted CPU numbers, each one of ``usable``; ``""`` is none (any CPU)."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, _, high = part.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"invalid CPU list {text!r}: use numbers and ranges such as 1 or 2-3") from None
+        if first > last:
+            raise ValueError(f"invalid CPU range {part!r}: {first} is above {last}")
+        cpus.update(range(first, last + 1))
+    missing = sorted(cpus - usable)
+    if missing:
+        raise ValueError(f"CPU(s) {missing} not available here (this process may use {sorted(usable)})")
+    return tuple(sorted(cpus))
 
 
 def perf_args(spec: PerfSpec, csv_path: str) -> list[str]:

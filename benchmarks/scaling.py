@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--model-repository", type=Path, default=servers.BENCH_MODELS)
     p.add_argument("--out", type=Path, default=RESULTS)
+    loadgen.add_client_cpus(p)
     args = p.parse_args(argv)
     args.kind_list = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not args.kind_list or any(k not in KINDS for k in args.kind_list):
@@ -145,7 +146,7 @@ def measure(variant: Variant, args: argparse.Namespace, ports: servers.Ports, pa
         startup = srv.start(models=[variant.model])
         url = f"127.0.0.1:{ports.http if variant.protocol == 'http' else ports.grpc}"
         point = perfcsv.PerfSpec(variant.model, url, variant.protocol, args.concurrency, args.measurement_interval,
-                                 99, max_trials=args.max_trials)
+                                 99, max_trials=args.max_trials, cpus=args.client_cpus)
         res, measurement, used = loadgen.measure_point(
             pa.command(), pa.env, point, log_dir, name, server=variant.label, round_no=round_no,
             server_pid=srv.pid, http_port=ports.http)
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = scaling(variants, summaries)
     print("\n" + format_table(summaries, rows))
     payload = {"kind": "scaling", "started_utc": stamp, "concurrency": args.concurrency,
+               "client_cpus": list(args.client_cpus),
                "variants": [{"label": v.label, "model": v.model, "protocol": v.protocol, "argv": list(v.spec.argv)}
                             for v in variants],
                "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],

@@ -92,7 +92,8 @@ def test_measure_point_gives_cpu_per_inference_of_a_real_run(tmp_path: Path) -> 
     thread = ServerThread(make_options([tmp_path / "repo"]))
     handle = thread.start()
     try:
-        spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2, 500, 99, max_trials=3)
+        spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2, 500, 99, max_trials=3,
+                                cpus=(max(os.sched_getaffinity(0)),))  # --client-cpus
         res, measurement, used = loadgen.measure_point(
             [str(binary)], env, spec, tmp_path / "logs", "point", server="ferry", round_no=1,
             server_pid=os.getpid(), http_port=handle.server.http_port)
