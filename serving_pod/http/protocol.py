@@ -79,6 +79,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     engine: Engine
     max_input_size: int = 64 * 1024 * 1024
     direct_infer: bool = True
+    cycle: Any  # uvicorn's RequestResponseCycle, or an InferCycle standing in for it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
