@@ -6,8 +6,9 @@ windows while throughput holds). Such a point is retried ``retries`` times with 
 as the medians of its windows and flagged ``stable=False`` — the same treatment for every server.
 ``measure_point`` also reads the server's CPU per inference around the run (``cpu``) and gives the round's
 ``report.Measurement``. ``--client-cpus`` (``add_client_cpus``) confines perf_analyzer to some CPUs, as a
-client machine of its own would be: on this 2-core box, the kernel otherwise wakes perf_analyzer's threads
-on the server's core (socket wake-ups are "sync" wake-ups), and over a run they take more and more of it. Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
+client machine of its own would be: on a 2-core box its threads otherwise end up on the core of Ferry's
+event loop, and HTTP throughput falls over each run (benchmarks/README.md, "The client's CPUs").
+Neighbours: ``perfcsv`` (flags and parsing), ``servers`` (the process under test).
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ how an interrupted sweep resumes). Otherwise the candidate's configuration is lo
 the repository API with a ``config`` override — only when it differs from what is loaded — measured, and
 recorded in the checkpoint before the next point starts. A configuration the server refuses is recorded
 with its error and yields failed measurements; the sweep goes on — except the model's own configuration,
-whose refusal ends the sweep. So is a candidate the server serves at another point than asked (read back
-from ``/v2/models/<m>/config``): Triton's and Ferry's config auto-complete turn dynamic batching on for a
-model with ``max_batch_size`` > 1 and no scheduler, so a "dynamic batching off" candidate would otherwise be
-measured batched and reported as unbatched. The server is only started (``target.Session``) when something must be measured.
+whose refusal ends the sweep. A candidate the server serves at another point than asked (read back from
+``/v2/models/<m>/config``) is recorded the same way: Triton's and Ferry's config auto-complete turn dynamic
+batching on for a model with ``max_batch_size`` > 1 and no scheduler, so a "dynamic batching off" candidate
+would otherwise be measured batched and reported as unbatched. The server is only started
+(``target.Session``) when something must be measured.
 """
 
 from __future__ import annotations
