@@ -153,6 +153,11 @@ def _recommend(settings: ProfileSettings, checkpoint: Checkpoint, runner: ModelR
                         f"gain {gain * 100:+.1f}% {objective.gain_meaning}")
         else:
             message += f"; the default config ({default_key}) met the constraints at no concurrency measured"
+    served_as = checkpoint.model(name).get("default_served_as")
+    if served_as:
+        result["default_served_as"] = served_as
+        message += (f"; note: the server serves the model's own config ({default_key}) as {served_as} "
+                    f"(config auto-complete), and it was measured so")
     result["message"] = message
     checkpoint.set_result(name, result)
     return ModelResult(name, best is not None, message, best, default, gain, output_dir,

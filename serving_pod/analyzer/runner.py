@@ -63,8 +63,15 @@ class ModelRunner:
             self.was_ready = self.session.remote and client.model_ready(self.model)
         try:
             client.load(self.model, config_json(config))
-            if candidate.key != self.default_key:  # the model's own config is measured as the server serves it
-                self._check_served(client.model_config(self.model), candidate.point)
+            served = point_of(config_from_dict(client.model_config(self.model)))
+            if candidate.key == self.default_key:  # the model's own config is measured as the server serves it
+                entry = self.checkpoint.model(self.model)  # kept with the checkpoint for re-ranking
+                if served != candidate.point.normalized():
+                    entry["default_served_as"] = served.key
+                else:
+                    entry.pop("default_served_as", None)
+            else:
+                self._check_served(served, candidate.point)
         except LoadError as exc:
             if candidate.key == self.default_key:
                 raise AnalyzerError(f"model '{self.model}' does not load with its own configuration: {exc}") from None
@@ -76,9 +83,8 @@ class ModelRunner:
         self.loaded_key = candidate.key
         return ""
 
-    def _check_served(self, served: dict[str, Any], point: ConfigPoint) -> None:
-        """A ``LoadError`` when the server serves the model at another point than ``point``."""
-        actual = point_of(config_from_dict(served))
+    def _check_served(self, actual: ConfigPoint, point: ConfigPoint) -> None:
+        """A ``LoadError`` when the server serves the model at ``actual``, another point than ``point``."""
         if actual == point.normalized():
             return
         hint = ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from serving_pod.analyzer.checkpoint import FILENAME
 from serving_pod.analyzer.space import ConfigPoint, point_of, read_base_config
+from support.server import DEFAULT_MODELS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,6 +47,7 @@ def test_tiny_sweep_recommends_and_writes_the_config(sweep) -> None:
     assert point_of(written) == expected
     assert (sweep.root / "out" / "mlp_onnx" / "1" / "model.onnx").is_file()
     assert f"recommended {best.config_key} at concurrency {best.concurrency}" in sweep.stdout
+    assert "default_served_as" not in result and "note:" not in sweep.stdout  # served as written
 
 
 def test_unbatched_candidate_the_server_batches_is_refused(tmp_path: Path, run_profile) -> None:
@@ -60,6 +63,23 @@ def test_unbatched_candidate_the_server_batches_is_refused(tmp_path: Path, run_p
     assert "--disable-auto-complete-config" in error
     assert {m["config_key"] for m in data["measurements"]} == {"i1-b64-db200"}  # nothing measured for "off"
     assert data["result"]["recommended"]["config_key"] == "i1-b64-db200"
+
+
+def test_own_config_served_otherwise_is_named(tmp_path: Path, run_profile) -> None:
+    """A model whose config has no scheduler: the server batches it (auto-complete). The default is measured as
+    served, and the result says so instead of calling it unbatched."""
+    repo = tmp_path / "repo"
+    shutil.copytree(DEFAULT_MODELS / "mlp_onnx", repo / "mlp_onnx")
+    config = repo / "mlp_onnx" / "config.pbtxt"
+    config.write_text(re.sub(r"dynamic_batching\s*\{[^}]*\}", "", config.read_text()))
+    assert "dynamic_batching" not in config.read_text()
+    code, stdout = run_profile(tmp_path, "--model-repository", str(repo), "--run-config-search-mode", "brute",
+                               "--concurrency", "1", "--max-instance-count", "1", "--max-batch-sizes", "64",
+                               "--dynamic-batching", "off", "--verify-runs", "0", "--load-generator", "builtin")
+    assert code == 0, stdout
+    result = json.loads((tmp_path / "ck" / FILENAME).read_text())["models"]["mlp_onnx"]["result"]
+    assert result["default_key"] == "i1-b64-nodb" and result["default_served_as"] == "i1-b64-db0"
+    assert "the server serves the model's own config (i1-b64-nodb) as i1-b64-db0 (config auto-complete)" in stdout
 
 
 async def test_written_model_loads_in_ferry(sweep, server_factory) -> None:
