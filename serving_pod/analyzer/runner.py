@@ -63,15 +63,7 @@ class ModelRunner:
             self.was_ready = self.session.remote and client.model_ready(self.model)
         try:
             client.load(self.model, config_json(config))
-            served = point_of(config_from_dict(client.model_config(self.model)))
-            if candidate.key == self.default_key:  # the model's own config is measured as the server serves it
-                entry = self.checkpoint.model(self.model)  # kept with the checkpoint for re-ranking
-                if served != candidate.point.normalized():
-                    entry["default_served_as"] = served.key
-                else:
-                    entry.pop("default_served_as", None)
-            else:
-                self._check_served(served, candidate.point)
+            self._check_served(point_of(config_from_dict(client.model_config(self.model))), candidate)
         except LoadError as exc:
             if candidate.key == self.default_key:
                 raise AnalyzerError(f"model '{self.model}' does not load with its own configuration: {exc}") from None
@@ -83,9 +75,20 @@ class ModelRunner:
         self.loaded_key = candidate.key
         return ""
 
-    def _check_served(self, actual: ConfigPoint, point: ConfigPoint) -> None:
-        """A ``LoadError`` when the server serves the model at ``actual``, another point than ``point``."""
-        if actual == point.normalized():
+    def _check_served(self, actual: ConfigPoint, candidate: Candidate) -> None:
+        """Compare the point the server serves with ``candidate``'s. The model's own config is measured as served
+        (a different point is noted in the checkpoint, so re-ranking keeps saying it); any other candidate served
+        elsewhere is a ``LoadError``."""
+        point = candidate.point
+        elsewhere = actual != point.normalized()
+        if candidate.key == self.default_key:
+            entry = self.checkpoint.model(self.model)
+            if elsewhere:
+                entry["default_served_as"] = actual.key
+            else:
+                entry.pop("default_served_as", None)
+            return
+        if not elsewhere:
             return
         hint = ""
         if actual.dynamic_batching and not point.dynamic_batching:
