@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import cpu, perfcsv, report
+from serving_pod.analyzer import placement
 from tests.support.perf_analyzer import Located, ensure_perf_analyzer
 
 
@@ -43,7 +43,7 @@ def add_client_cpus(parser: argparse.ArgumentParser) -> None:
     """The drivers' ``--client-cpus`` option (parsed to a tuple of CPU numbers; empty: any CPU)."""
     def cpus(text: str) -> tuple[int, ...]:
         try:
-            return perfcsv.parse_cpus(text, os.sched_getaffinity(0))
+            return placement.parse_cpus(text, placement.usable_cpus())
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -53,10 +53,7 @@ def add_client_cpus(parser: argparse.ArgumentParser) -> None:
 
 def popen_kwargs(spec: perfcsv.PerfSpec) -> dict:
     """``subprocess`` keyword arguments that apply ``spec.cpus`` to the perf_analyzer process."""
-    if not spec.cpus:
-        return {}
-    cpus = set(spec.cpus)
-    return {"preexec_fn": lambda: os.sched_setaffinity(0, cpus)}
+    return placement.confined(spec.cpus)
 
 
 @dataclass(frozen=True)

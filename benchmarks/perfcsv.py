@@ -50,24 +50,6 @@ class PerfSpec:
             raise ValueError(f"measurement interval must be >= 100 ms, got {self.measurement_interval_ms}")
 
 
-def parse_cpus(text: str, usable: set[int]) -> tuple[int, ...]:
-    """``"1"``, ``"2,3"`` or ``"2-3"`` as sorted CPU numbers, each one of ``usable``; ``""`` is none (any CPU)."""
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = part.partition("-")
-        try:
-            first, last = int(low), int(high or low)
-        except ValueError:
-            raise ValueError(f"invalid CPU list {text!r}: use numbers and ranges such as 1 or 2-3") from None
-        if first > last:
-            raise ValueError(f"invalid CPU range {part!r}: {first} is above {last}")
-        cpus.update(range(first, last + 1))
-    missing = sorted(cpus - usable)
-    if missing:
-        raise ValueError(f"CPU(s) {missing} not available here (this process may use {sorted(usable)})")
-    return tuple(sorted(cpus))
-
-
 def perf_args(spec: PerfSpec, csv_path: str) -> list[str]:
     """Flags for perf_analyzer (the binary itself is prepended by the caller)."""
     args = ["-m", spec.model, "-u", spec.url, "-i", spec.protocol,

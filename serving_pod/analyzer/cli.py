@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--protocol", choices=["http", "grpc"], default="http")
     add("--load-generator", choices=["auto", "perf_analyzer", "builtin"], default="auto")
     add("--perf-analyzer", help="path of the perf_analyzer binary")
+    add("--client-cpus", default="", metavar="LIST",
+        help="run perf_analyzer on these CPUs only, e.g. 1 or 2-3 (the server keeps every CPU; default: any)")
     add("--server-url", help="profile a running server (HTTP host:port) instead of starting one")
     add("--server-grpc-url", help="its gRPC host:port (with --protocol grpc)")
     add("--server-command", help="how to start ferry-server (default: this python -m serving_pod)")
@@ -111,6 +113,15 @@ def _weights(text: str) -> tuple[float, float]:
         except ValueError:
             raise InputError(f"invalid --weights {text!r}: {value!r} is not a number") from None
     return weights["throughput"], weights["latency"]
+
+
+def _client_cpus(text: str) -> tuple[int, ...]:
+    from serving_pod.analyzer import placement
+
+    try:
+        return placement.parse_cpus(text, placement.usable_cpus())
+    except ValueError as exc:
+        raise InputError(f"invalid --client-cpus: {exc}") from None
 
 
 def profile_settings(args: argparse.Namespace):
@@ -150,7 +161,8 @@ def profile_settings(args: argparse.Namespace):
         checkpoint_dir=args.checkpoint_directory, space=space,
         objective=Objective(args.objective, tw, lw),
         constraints=Constraints(args.latency_budget_ms, args.min_throughput, args.max_memory_mb),
-        window=WindowSettings(args.measurement_interval_ms, args.stability_percentage, args.max_trials, args.protocol),
+        window=WindowSettings(args.measurement_interval_ms, args.stability_percentage, args.max_trials, args.protocol,
+                              _client_cpus(args.client_cpus)),
         search=SearchSettings(mode=args.run_config_search_mode, max_passes=args.max_passes,
                               verify_top=args.verify_top, verify_runs=args.verify_runs),
         override_output=args.override_output_model_repository, load_generator=args.load_generator,

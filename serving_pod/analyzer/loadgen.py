@@ -19,12 +19,16 @@ CHOICES = ("auto", "perf_analyzer", "builtin")
 
 @dataclass(frozen=True)
 class WindowSettings:
-    """How long each measurement runs (perf_analyzer's own vocabulary)."""
+    """How each measurement runs (perf_analyzer's own vocabulary), and on which CPUs its client runs.
+
+    ``client_cpus`` (``--client-cpus``; empty: any CPU) confines perf_analyzer (``placement``).
+    """
 
     measurement_interval_ms: int = 600
     stability_percentage: float = 50.0
     max_trials: int = 6
     protocol: str = "http"
+    client_cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.measurement_interval_ms < 100:
@@ -38,8 +42,11 @@ class WindowSettings:
 
     def signature(self) -> str:
         """Measurements are reused from a checkpoint only under the same window settings."""
-        return (f"{self.protocol}/{self.measurement_interval_ms}ms/"
-                f"{self.stability_percentage:g}%/{self.max_trials}")
+        signature = (f"{self.protocol}/{self.measurement_interval_ms}ms/"
+                     f"{self.stability_percentage:g}%/{self.max_trials}")
+        if self.client_cpus:  # absent otherwise: checkpoints written before the option stay usable
+            signature += "/client-cpus=" + ",".join(map(str, self.client_cpus))
+        return signature
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,10 @@ def select(choice: str, *, window: WindowSettings, perf_analyzer: str | None = N
         located = perf.locate(perf_analyzer)
         if located.path is not None:
             return perf.PerfAnalyzerLoad(located, window)
-        if choice == "perf_analyzer":
-            raise InputError(f"perf_analyzer is not available: {located.reason}")
+        if choice == "perf_analyzer" or window.client_cpus:
+            needed = " (--client-cpus needs it)" if window.client_cpus else ""
+            raise InputError(f"perf_analyzer is not available{needed}: {located.reason}")
+    if window.client_cpus:
+        raise InputError("--client-cpus needs perf_analyzer: the built-in load generator runs inside the "
+                         "analyzer's own process")
     return builtin_load.BuiltinLoad(window)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving_pod.analyzer import placement
 from serving_pod.analyzer.errors import InputError
 from serving_pod.analyzer.loadgen import LoadResult, WindowSettings
 
@@ -151,7 +152,7 @@ class PerfAnalyzerLoad:
             argv = [str(self.located.path), *perf_args(model, url, concurrency, self.window, str(csv_path))]
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget_s,
-                                      env=dict(self.located.env))
+                                      env=dict(self.located.env), **placement.confined(self.window.client_cpus))
             except subprocess.TimeoutExpired:
                 return LoadResult.failed(self.name, f"perf_analyzer timed out after {budget_s:.0f} s")
             except OSError as exc:

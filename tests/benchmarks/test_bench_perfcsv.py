@@ -77,20 +77,6 @@ def test_perf_spec_rejects_bad_values(kwargs: dict, message: str) -> None:
         perfcsv.PerfSpec(**base)
 
 
-@pytest.mark.parametrize(("text", "cpus"), [("1", (1,)), ("1,0", (0, 1)), ("0-1", (0, 1)), (" 1 , ", (1,)), ("", ())])
-def test_parse_cpus(text: str, cpus: tuple[int, ...]) -> None:
-    assert perfcsv.parse_cpus(text, {0, 1}) == cpus
-
-
-@pytest.mark.parametrize(("text", "message"), [
-    ("x", "invalid CPU list 'x'"), ("1-x", "invalid CPU list"), ("3-1", "3 is above 1"),
-    ("1,7", r"CPU\(s\) \[7\] not available here \(this process may use \[0, 1\]\)"),
-])
-def test_parse_cpus_rejects(text: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        perfcsv.parse_cpus(text, {0, 1})
-
-
 @pytest.mark.parametrize(("text", "levels"), [
     ("1,16", [1, 16]), ("1..64", [1, 2, 4, 8, 16, 32, 64]), ("1..48", [1, 2, 4, 8, 16, 32, 48]), ("4..4", [4]),
 ])

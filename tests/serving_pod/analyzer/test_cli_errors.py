@@ -40,6 +40,10 @@ def profile_args(tmp_path: Path, *extra: str, models: str = "mlp_onnx") -> list[
     (("--max-trials", "2"), "invalid --max-trials 2"),
     (("--server-arg", "verbose"), "invalid --server-arg 'verbose'"),
     (("--server-http-port", "70000"), "invalid --server-http-port 70000"),
+    (("--client-cpus", "x"), "invalid --client-cpus: invalid CPU list 'x'"),
+    (("--client-cpus", "4096"), "invalid --client-cpus: CPU(s) [4096] not available here (this process may use"),
+    (("--load-generator", "builtin", "--client-cpus", "0"),
+     "--client-cpus needs perf_analyzer: the built-in load generator runs inside the analyzer's own process"),
 ])
 def test_invalid_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...],
                         message: str) -> None:
