@@ -24,6 +24,7 @@ from serving_pod.core.errors import (
 from serving_pod import classification
 from serving_pod.core.custom_metrics import CustomMetrics
 from serving_pod.core import outputs
+from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
@@ -222,6 +223,8 @@ class Engine:
             raise UnsupportedError(
                 f"model '{model.name}' is decoupled: use the gRPC streaming API (ModelStreamInfer)"
             )
+        if request.parameters:  # the front end's check in Triton: refused before the model's statistics see it
+            check_request_parameters(request.parameters)
         trace = (
             self.tracer.start(model.name, model.version_str, request.id, request.arrival_ns)
             if self.tracer.enabled else None

@@ -54,6 +54,8 @@ def decode_infer_request(
     parameters = header.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("request 'parameters' must be a JSON object")
+    if parameters:
+        _check_http_parameters(parameters)
     outputs = None
     raw_outputs = header.get("outputs")
     if raw_outputs is not None:
@@ -66,16 +68,37 @@ def decode_infer_request(
             out_params = out.get("parameters") or {}
             if not isinstance(out_params, dict):
                 raise InvalidArgumentError(f"output '{out['name']}': 'parameters' must be an object")
+            if type(out_params.get("binary_data", False)) is not bool:
+                raise InvalidArgumentError(
+                    f"output '{out['name']}': Unable to parse 'binary_data': expected true or false, "
+                    f"got {out_params['binary_data']!r}"
+                )
             outputs.append(RequestedOutput(out["name"], out_params))
     request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError(f"Unable to parse 'id': expected a string, got {request_id!r}")
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
         inputs=inputs,
         outputs=outputs,
-        id=request_id if isinstance(request_id, str) else str(request_id),
+        id=request_id,
         parameters=parameters,
     )
+
+
+def _check_http_parameters(parameters: dict[str, Any]) -> None:
+    """What Triton's HTTP front end refuses beyond ``core.parameters``: a non-boolean ``binary_data_output``,
+    and any ``triton_`` key (the reserved one is for gRPC streams)."""
+    if type(parameters.get("binary_data_output", False)) is not bool:
+        raise InvalidArgumentError(
+            f"Unable to parse 'binary_data_output': expected true or false, got {parameters['binary_data_output']!r}"
+        )
+    for key in parameters:
+        if key.startswith("triton_"):
+            raise InvalidArgumentError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
 
 
 def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:

@@ -140,6 +140,87 @@ def test_grpc_bad_messages(server, case):
     _assert_still_serving(server)
 
 
+# reserved request parameters of the wrong type, refused for every model (Triton's front ends do the same):
+# case -> (parameters as JSON values, the same as gRPC InferParameters, message fragment)
+RESERVED_CASES = {
+    "timeout a string": ({"timeout": "5"}, {"timeout": pb.InferParameter(string_param="5")},
+                         "Unable to parse 'timeout': expected an unsigned 64-bit integer, got '5'"),
+    "timeout negative": ({"timeout": -5}, {"timeout": pb.InferParameter(int64_param=-5)},
+                         "Unable to parse 'timeout': expected an unsigned 64-bit integer, got -5"),
+    "priority a boolean": ({"priority": True}, {"priority": pb.InferParameter(bool_param=True)},
+                           "Unable to parse 'priority': expected an unsigned 64-bit integer, got True"),
+    "priority a float": ({"priority": 1.5}, {"priority": pb.InferParameter(double_param=1.5)},
+                         "Unable to parse 'priority': expected an unsigned 64-bit integer, got 1.5"),
+    "sequence_start an integer": ({"sequence_start": 1}, {"sequence_start": pb.InferParameter(int64_param=1)},
+                                  "Unable to parse 'sequence_start': expected true or false, got 1"),
+    "sequence_end a string": ({"sequence_end": "yes"}, {"sequence_end": pb.InferParameter(string_param="yes")},
+                              "Unable to parse 'sequence_end': expected true or false, got 'yes'"),
+    "sequence_id a boolean": ({"sequence_id": False}, {"sequence_id": pb.InferParameter(bool_param=False)},
+                              "Unable to parse 'sequence_id': expected an unsigned 64-bit integer or a string, got False"),
+    "unknown triton_ key": ({"triton_secret": 1}, {"triton_secret": pb.InferParameter(int64_param=1)},
+                            "parameter keys starting with 'triton_' are reserved for Triton usage"),
+}
+GOOD_INPUT = {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+
+
+def _fp32_stats(server) -> dict:
+    return server.client("http").get_inference_statistics("fp32")["model_stats"][0]["inference_stats"]
+
+
+@pytest.mark.parametrize("case", list(RESERVED_CASES))
+def test_http_reserved_parameter_of_the_wrong_type(server, case):
+    parameters, _, fragment = RESERVED_CASES[case]
+    before = _fp32_stats(server)
+    response = _post(server, json.dumps({"inputs": [GOOD_INPUT], "parameters": parameters}).encode())
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]
+    assert _fp32_stats(server)["fail"] == before["fail"]  # refused before the model: its statistics are untouched
+    _assert_still_serving(server)
+
+
+@pytest.mark.parametrize("case", list(RESERVED_CASES))
+def test_grpc_reserved_parameter_of_the_wrong_type(server, case):
+    _, parameters, fragment = RESERVED_CASES[case]
+    request = _grpc_request([np.arange(4, dtype=np.float32).tobytes()])
+    for key, value in parameters.items():
+        request.parameters[key].CopyFrom(value)
+    error = _grpc_call(server, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in error.details()
+    _assert_still_serving(server)
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"inputs": [GOOD_INPUT], "parameters": {"binary_data_output": "yes"}},
+     "Unable to parse 'binary_data_output': expected true or false, got 'yes'"),
+    ({"inputs": [GOOD_INPUT], "parameters": {"triton_enable_empty_final_response": True}},
+     "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified"),
+    ({"inputs": [GOOD_INPUT], "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": 1}}]},
+     "output 'OUTPUT0': Unable to parse 'binary_data': expected true or false, got 1"),
+    ({"inputs": [GOOD_INPUT], "id": 7}, "Unable to parse 'id': expected a string, got 7"),
+])
+def test_http_only_parameters_of_the_wrong_type(server, body, fragment):
+    response = _post(server, json.dumps(body).encode())
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]
+    _assert_still_serving(server)
+
+
+def test_reserved_parameters_of_the_right_type_are_served(server):
+    """The same keys with Triton's types pass on a model that reads none of them (HTTP and gRPC)."""
+    parameters = {"timeout": 0, "priority": 0, "sequence_start": False, "sequence_end": False, "binary_data_output": False}
+    response = _post(server, json.dumps({"inputs": [GOOD_INPUT], "parameters": parameters, "id": "r1"}).encode())
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == "r1"
+    request = _grpc_request([np.arange(4, dtype=np.float32).tobytes()])
+    request.parameters["timeout"].int64_param = 0
+    request.parameters["priority"].uint64_param = 1
+    request.parameters["triton_enable_empty_final_response"].bool_param = False
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [0, 1, 2, 3]
+
+
 def test_grpc_typed_contents_accepted(server):
     request = pb.ModelInferRequest(model_name="fp32")
     tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
