@@ -168,7 +168,14 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
     async def RepositoryModelUnload(self, request, context):
         try:
-            dependents = request.parameters["unload_dependents"].bool_param if "unload_dependents" in request.parameters else False
+            dependents = False
+            if "unload_dependents" in request.parameters:
+                param = request.parameters["unload_dependents"]
+                if param.WhichOneof("parameter_choice") != "bool_param":
+                    raise InvalidArgumentError(
+                        "invalid value type for 'unload_dependents' parameter, expected bool_param."
+                    )
+                dependents = param.bool_param
             await self.engine.unload_model(request.model_name, dependents)
         except ServerError as error:
             await _abort(context, error)

@@ -179,20 +179,23 @@ def create_app(
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
-        body = await json_body(request)
-        return json_response(engine.repository_index(bool(body.get("ready", False))))
+        ready = (await json_body(request)).get("ready", False)
+        if type(ready) is not bool:
+            raise InvalidArgumentError(f"Invalid value for 'ready': expected a boolean, got {ready!r}")
+        return json_response(engine.repository_index(ready))
 
     @app.post("/v2/repository/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
-        params = (await json_body(request)).get("parameters") or {}
-        config, files = decode_load_parameters(params)
+        config, files = decode_load_parameters(_control_parameters(await json_body(request), "load"))
         await engine.load_model(model, config, files)
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
-        params = (await json_body(request)).get("parameters") or {}
-        await engine.unload_model(model, bool(params.get("unload_dependents", False)))
+        dependents = _control_parameters(await json_body(request), "unload").get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise InvalidArgumentError(f"Unable to parse 'unload_dependents': expected a boolean, got {dependents!r}")
+        await engine.unload_model(model, dependents)
         return Response(status_code=200)
 
     from serving_pod.http.extensions import add_extension_routes
@@ -206,6 +209,16 @@ def create_app(
 
         return RestrictedHttp(endpoint, restrictions)
     return endpoint
+
+
+def _control_parameters(body: dict[str, Any], action: str) -> dict[str, Any]:
+    """The ``parameters`` object of a load or unload request ({} when absent)."""
+    params = body.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidArgumentError(f"{action} 'parameters' must be a JSON object")
+    return params
 
 
 def decode_load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:

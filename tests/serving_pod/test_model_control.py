@@ -95,6 +95,40 @@ def test_load_errors(threaded_server, repository, protocol):
     assert client.is_server_live()
 
 
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("repository/index", {"ready": "yes"}, "Invalid value for 'ready': expected a boolean, got 'yes'"),
+    ("repository/models/alpha/unload", {"parameters": 3}, "unload 'parameters' must be a JSON object"),
+    ("repository/models/alpha/unload", {"parameters": {"unload_dependents": "yes"}},
+     "Unable to parse 'unload_dependents': expected a boolean, got 'yes'"),
+    ("repository/models/alpha/load", {"parameters": [1]}, "load 'parameters' must be a JSON object"),
+])
+def test_http_control_bodies_of_the_wrong_type(threaded_server, repository, path, body, message):
+    """Each gets 400 and its message (a non-object 'parameters' used to fail inside the route: 500)."""
+    import httpx
+
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    response = httpx.post(f"http://{server.http_url}/v2/{path}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]
+    assert server.client("http").is_model_ready("alpha")  # nothing was unloaded
+
+
+def test_grpc_unload_dependents_of_the_wrong_type(threaded_server, repository):
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    request = pb.RepositoryModelUnloadRequest(model_name="alpha")
+    request.parameters["unload_dependents"].string_param = "yes"
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).RepositoryModelUnload(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "invalid value type for 'unload_dependents' parameter, expected bool_param."
+    assert server.client("grpc").is_model_ready("alpha")
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_none_mode_refuses_load_and_unload(threaded_server, repository, protocol):
     server = threaded_server([repository])
