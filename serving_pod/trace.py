@@ -105,7 +105,14 @@ def _updated(config: TraceConfig, changes: dict[str, Any], *, from_cli: bool = F
             if not from_cli and value is not None and value != config.file:
                 raise UnsupportedError("trace file location can not be updated through network protocol")
         elif key == "trace_level":
-            levels = [value] if isinstance(value, str) else list(value or [])
+            if isinstance(value, str):
+                levels = [value]
+            elif isinstance(value, (list, tuple)) and all(isinstance(lv, str) for lv in value):
+                levels = list(value)
+            else:
+                raise InvalidArgumentError(
+                    f"Unable to parse 'trace_level': expected a string or an array of strings, got {value!r}"
+                )
             if from_cli:
                 levels = [lv.upper() for lv in levels]
             if any(lv not in LEVELS for lv in levels):

@@ -93,6 +93,18 @@ def test_trace_file_cannot_be_moved_and_bad_values_are_refused(server, protocol,
     assert not target.exists()
 
 
+@pytest.mark.parametrize("value", [5, 1.5, {"TIMESTAMPS": 1}, ["TIMESTAMPS", 2]])
+def test_http_trace_level_of_the_wrong_type_is_refused(server, value):
+    """A JSON trace_level that is neither a string nor an array of strings: 400 (it was a 500 for a number)."""
+    import httpx
+
+    for path in ("/v2/trace/setting", "/v2/models/idt/trace/setting"):
+        response = httpx.post(f"http://{server.http_url}{path}", json={"trace_level": value}, timeout=30)
+        assert response.status_code == 400, response.text
+        assert "Unable to parse 'trace_level': expected a string or an array of strings" in response.json()["error"]
+    assert server.client("http").get_trace_settings()["trace_level"] == ["OFF"]
+
+
 def _log(value, protocol):
     if protocol == "http":
         return value
