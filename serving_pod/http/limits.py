@@ -34,6 +34,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._too_large = False
         self._deadline: asyncio.TimerHandle | None = None
+        #: the request uvicorn is answering through the ASGI app (``self.cycle`` may be a newer, queued one)
+        self._asgi_cycle: Any = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -41,7 +43,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._abandon()
         super().connection_lost(exc)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._asgi_cycle = cycle
+        super()._start_asgi_task(cycle, app)
 
     def data_received(self, data: bytes) -> None:
         if self._in_headers or not self._mid_message:
@@ -76,6 +83,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._too_large:
             self._reject(431, b"Request Header Fields Too Large")
         else:
+            self._abandon()
             super().send_400_response(msg)
 
     def on_message_complete(self) -> None:
@@ -102,7 +110,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self.transport.close()  # the app's receive() now reports http.disconnect
 
+    def _abandon(self) -> None:
+        """The connection closes: the requests still being answered must write nothing more.
+
+        uvicorn marks only ``self.cycle`` (the newest request) disconnected, and only in ``connection_lost``, a
+        loop turn after a close; a pipelined request answered through the ASGI app before it would write to
+        the closed transport, which uvloop refuses with an exception.
+        """
+        for cycle in (self._asgi_cycle, self.cycle):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+
     def _reject(self, status: int, reason: bytes) -> None:
+        self._abandon()
         body = reason
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"

@@ -146,6 +146,16 @@ output [ {{ name: "OUTPUT0" data_type: {datatype} dims: {dims} }} ]
 test_model_config.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
+def _server_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop, as ``ferry-server`` runs (``serving_pod.cli``): transports behave as in production
+    (uvloop refuses a write to a closed transport, where asyncio's only warns); asyncio's without uvloop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class ServerThread:
     """A ``FerryServer`` running on its own event loop in a background thread, for synchronous tests.
 
@@ -157,7 +167,7 @@ class ServerThread:
         import threading
 
         self.server = FerryServer(options)
-        self.loop = asyncio.new_event_loop()
+        self.loop = _server_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="ferry-test-server", daemon=True)
         self._thread.start()
 

@@ -211,6 +211,35 @@ def test_vanished_client_does_not_disturb_others(server):
     assert stats["inference_stats"]["success"]["count"] == 1
 
 
+@pytest.mark.parametrize("bad", [b"POST * \r\nHost: x\r\n\r\n",
+                                 b"GET /" + b"a" * (70 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n"],
+                         ids=["malformed (400)", "headers too large (431)"])
+def test_connection_closed_on_bad_bytes_while_a_request_runs(server, bad):
+    """A request on the ASGI path (a query) still runs when pipelined bad bytes make the server answer and
+    close the connection: its answer is dropped quietly (uvloop refuses writes to a closed transport, and
+    uvicorn marked only the newest request as disconnected), and the server goes on."""
+    import logging
+
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")  # where uvicorn reports an exception escaping a request
+    logger.addHandler(handler)
+    try:
+        wire = Wire(_port(server))
+        wire.send(_request("/v2/models/slow/infer?q=1") + _request("/v2/models/idt/infer") + bad)
+        status, _, _ = wire.response()
+        assert status in (400, 431)
+        assert wire.closed()
+        wire.close()
+        time.sleep(0.6)  # the slow model ends and its request tries to answer
+    finally:
+        logger.removeHandler(handler)
+    assert not errors, [record.getMessage() + str(record.exc_info) for record in errors]
+    response = httpx.post(f"http://{server.http_url}/v2/models/idt/infer", content=BODY)
+    assert response.status_code == 200 and _outputs(response.content) == [1, 2, 3, 4]
+
+
 def test_engine_failure_gets_500_and_the_server_goes_on(server, monkeypatch):
     engine = server.engine
     real = engine.infer
