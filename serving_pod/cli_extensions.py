@@ -76,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--http-ssl-ca", default="", help="CA certificates that client certificates must chain to")
     add("--http-ssl-mutual", type=parse_bool, default=False, help="require a client certificate")
     add("--http-max-header-size", type=_positive(int), default=64 * 1024,
-        help="bytes of request line + headers one HTTP request may send")
+        help="bytes of request line + headers one HTTP request may send (HTTP and metrics ports)")
     add("--http-read-timeout-secs", type=_positive(float), default=60.0,
-        help="seconds a client may take to send one whole HTTP request")
+        help="seconds a client may take to send one whole HTTP request (HTTP and metrics ports)")
     add("--grpc-max-message-size", type=_positive(int), default=GRPC_MAX_MESSAGE_SIZE)
     add("--grpc-max-metadata-size", type=_positive(int), default=64 * 1024)
     defaults = GrpcKeepalive()

@@ -19,6 +19,7 @@ import uvicorn
 
 from serving_pod.core.engine import Engine
 from serving_pod.http.app import create_app
+from serving_pod.http.limits import GuardedHttpToolsProtocol
 from serving_pod.logging_settings import LogSettings, installed_log_settings
 from serving_pod.metrics import build_registry, render
 from serving_pod.options import ServerOptions
@@ -162,7 +163,10 @@ class FerryServer:
             )
             sock = bind_socket(options.metrics_address, options.metrics_port)
             self.metrics_port = sock.getsockname()[1]
-            self._metrics = _uvicorn(metrics_app(registry))
+            # the HTTP endpoint's header-size and read-deadline limits: the metrics port faces the same clients
+            guarded = type("FerryMetricsProtocol", (GuardedHttpToolsProtocol,), {
+                "max_header_bytes": options.http_max_header_size, "read_timeout_s": options.http_read_timeout_secs})
+            self._metrics = _uvicorn(metrics_app(registry), http=guarded)
             self._tasks.append(asyncio.create_task(self._metrics.serve(sockets=[sock])))
         for server in (self._http, self._metrics):
             while server is not None and not server.started:

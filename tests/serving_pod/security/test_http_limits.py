@@ -65,17 +65,27 @@ def test_decompression_bomb_is_bounded(server, encoding):
     _still_serves(server)
 
 
-def test_oversized_headers_get_431(server):
-    response = httpx.get(f"http://{server.http_url}/v2/health/live", headers={"X-Big": "a" * 20000})
+#: the HTTP endpoint and the metrics port (same limits), each with a GET route that answers 200
+PORTS = {"http": "/v2/health/live", "metrics": "/metrics"}
+
+
+def _url(server, port: str) -> str:
+    return server.http_url if port == "http" else f"127.0.0.1:{server.server.metrics_port}"
+
+
+@pytest.mark.parametrize("port", list(PORTS))
+def test_oversized_headers_get_431(server, port):
+    url = f"http://{_url(server, port)}{PORTS[port]}"
+    response = httpx.get(url, headers={"X-Big": "a" * 20000})
     assert response.status_code == 431
     many = {f"X-H{i}": "b" * 100 for i in range(200)}
-    assert httpx.get(f"http://{server.http_url}/v2/health/live", headers=many).status_code == 431
-    assert httpx.get(f"http://{server.http_url}/v2/health/live", headers={"X-Ok": "a" * 2000}).status_code == 200
+    assert httpx.get(url, headers=many).status_code == 431
+    assert httpx.get(url, headers={"X-Ok": "a" * 2000}).status_code == 200
     _still_serves(server)
 
 
-def _port(server) -> int:
-    return int(server.http_url.rsplit(":", 1)[1])
+def _port(server, port: str = "http") -> int:
+    return int(_url(server, port).rsplit(":", 1)[1])
 
 
 def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
@@ -88,12 +98,13 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
         data += chunk
 
 
-@pytest.mark.parametrize("phase", ["idle", "headers", "body"])
-def test_slow_clients_are_disconnected(server, phase):
+@pytest.mark.parametrize(("port", "phase"), [("http", "idle"), ("http", "headers"), ("http", "body"),
+                                           ("metrics", "idle"), ("metrics", "headers")])
+def test_slow_clients_are_disconnected(server, port, phase):
     start = time.monotonic()
-    with socket.create_connection(("127.0.0.1", _port(server))) as sock:
+    with socket.create_connection(("127.0.0.1", _port(server, port))) as sock:
         if phase == "headers":
-            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nX-Slow: " % PORTS[port].encode())
         elif phase == "body":
             sock.sendall(b"POST /v2/models/idt/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"in")
         _still_serves(server)  # other clients are served while this one dawdles
