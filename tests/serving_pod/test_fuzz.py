@@ -164,7 +164,7 @@ def grpc_infer_case(rnd: random.Random) -> pb.ModelInferRequest:
             request.raw_input_contents.append(raw[:-1] if raw and rnd.random() < 0.1 else raw)
         else:
             field = rnd.choice(["int_contents", "int64_contents", "fp32_contents", "bytes_contents", "bool_contents"])
-            values: list[Any] = {"bytes_contents": [b"7"] * count, "bool_contents": [True] * count}.get(field, [1] * count)
+            values: list[Any] = [b"7" if field == "bytes_contents" else True if field == "bool_contents" else 1] * count
             getattr(tensor.contents, field).extend(values[: count - (rnd.random() < 0.1)])
     if rnd.random() < 0.3:
         for _ in range(rnd.randint(1, 3)):
