@@ -14,7 +14,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from serving_pod import cli_extensions
+from serving_pod import cli_compat, cli_extensions
 from serving_pod.cli_extensions import number, parse_bool as _bool
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-error", type=_bool, default=True)
     add("--log-format", choices=["default", "ISO8601"], default="default")
     cli_extensions.add_arguments(parser)
+    cli_compat.add_arguments(parser)
     return parser
 
 
@@ -131,7 +132,9 @@ def default_repository() -> str:
 
 
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ServerOptions:
-    engine_extra, server_extra = cli_extensions.apply(parser or build_parser(), args)
+    parser = parser or build_parser()
+    engine_extra, server_extra = cli_extensions.apply(parser, args)
+    compat_engine, compat_server, ignored = cli_compat.apply(parser, args)
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
@@ -156,6 +159,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         rate_limit=args.rate_limit,
         rate_limit_resources=tuple(args.rate_limit_resource),
         **engine_extra,
+        **compat_engine,
     )
     return ServerOptions(
         engine=engine,
@@ -179,7 +183,9 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
+        ignored_flags=tuple(ignored),
         **server_extra,
+        **compat_server,
     )
 
 
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = options_from_args(args, parser)
     configure_logging(options)
+    if options.ignored_flags:
+        logging.getLogger("ferry").info("tritonserver flags accepted with no effect: %s", "; ".join(options.ignored_flags))
     return run(options, exit_on_error=args.exit_on_error)
 
 

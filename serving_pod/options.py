@@ -76,3 +76,8 @@ class ServerOptions:
     grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
     #: ``--grpc-infer-response-compression-level``: none, low, med or high
     grpc_response_compression: str = "none"
+    #: ``--reuse-http-port`` / ``--reuse-grpc-port``: SO_REUSEPORT on the listening socket
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
+    #: tritonserver flags given that do nothing in Ferry, each with why (``cli_compat``; logged at start)
+    ignored_flags: tuple[str, ...] = ()

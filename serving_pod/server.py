@@ -133,7 +133,7 @@ class FerryServer:
         """Open the endpoints, then load the models (live at once, ready when loading is done)."""
         options = self.options
         if options.allow_http:
-            sock = bind_socket(options.http_address, options.http_port, reuse_port=options.http_workers > 1)
+            sock = bind_socket(options.http_address, options.http_port, reuse_port=options.http_workers > 1 or options.reuse_http_port)
             self.http_port = sock.getsockname()[1]
             app = create_app(
                 self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions
@@ -200,11 +200,12 @@ class FerryServer:
 
             ssl_context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.ca, tls.mutual)
             self._grpc = create_native_server(self.engine, ssl_context=ssl_context, **limits)
-            self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port)
+            self.grpc_port = await self._grpc.start(options.grpc_address, options.grpc_port,
+                                                    reuse_port=options.reuse_grpc_port)
             return
         from serving_pod.grpc.service import create_server
 
-        self._grpc = create_server(self.engine, **limits)
+        self._grpc = create_server(self.engine, reuse_port=options.reuse_grpc_port, **limits)
         host = f"[{options.grpc_address}]" if ":" in options.grpc_address else options.grpc_address
         address = f"{host}:{options.grpc_port}"
         if tls is not None:

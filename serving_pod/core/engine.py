@@ -78,6 +78,8 @@ class EngineOptions:
     #: client shared memory (register/unregister) is refused unless true (Triton 2.69+ default).
     allow_client_shm: bool = False
     trace: TraceConfig = field(default_factory=TraceConfig)
+    #: ``--model-config-name``: each model's ``configs/<name>.pbtxt`` where it has one, else ``config.pbtxt``
+    model_config_name: str = ""
 
 
 class CancelFlag:
@@ -111,6 +113,7 @@ class Engine:
             backend_config=options.backend_config,
             engine=self,
             default_instance_kind=options.default_instance_kind,
+            config_name=options.model_config_name,
         )
         self.live = False
         self.shutting_down = False

@@ -86,8 +86,11 @@ class ModelRegistry:
         backend_config: dict[str, dict[str, str]] | None = None,
         engine: Any = None,
         default_instance_kind: str = "KIND_AUTO",
+        config_name: str = "",
     ) -> None:
         self.repository = repository
+        #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one
+        self.config_name = config_name
         self.autocomplete = autocomplete
         self.backend_config = backend_config or {}
         self.default_instance_kind = default_instance_kind
@@ -285,6 +288,7 @@ class ModelRegistry:
             override_json=config_override,
             backend_config=self.backend_config,
             default_instance_kind=self.default_instance_kind,
+            config_name=self.config_name,
         )
         built = []
         try:

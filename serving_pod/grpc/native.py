@@ -360,11 +360,11 @@ class NativeGrpcServer:
         self.connections.add(connection)
         return connection
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (port 0: a free one) and return the bound port."""
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (port 0: a free one) and return the bound port (``reuse_port``: SO_REUSEPORT)."""
         loop = asyncio.get_running_loop()
         server = await loop.create_server(self._protocol, host or None, port, ssl=self.ssl_context,
-                                          reuse_address=True, backlog=1024)
+                                          reuse_address=True, reuse_port=reuse_port or None, backlog=1024)
         self._servers.append(server)
         return server.sockets[0].getsockname()[1]
 

@@ -253,6 +253,7 @@ def create_server(
     max_metadata_size: int = 64 * 1024,
     keepalive: Any = None,
     response_compression: str = "none",
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
     """A grpc.aio server with the inference and health services (ports are added by the caller).
 
@@ -262,7 +263,8 @@ def create_server(
         ("grpc.max_send_message_length", max_message_size),
         ("grpc.max_receive_message_length", max_message_size),
         ("grpc.max_metadata_size", max_metadata_size),
-        *[o for o in SERVER_OPTIONS if not o[0].endswith("_message_length")],
+        ("grpc.so_reuseport", int(reuse_port)),  # --reuse-grpc-port
+        *[o for o in SERVER_OPTIONS if not o[0].endswith("_message_length") and o[0] != "grpc.so_reuseport"],
     ]
     if keepalive is not None:
         options += [

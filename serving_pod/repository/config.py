@@ -104,20 +104,31 @@ def _int64_as_numbers(value: dict, descriptor) -> dict:
     return value
 
 
-def load_config(model_dir: Path, model_name: str) -> ModelConfig:
-    """Read ``<model_dir>/config.pbtxt`` (an empty config when absent: auto-complete fills it)."""
-    path = model_dir / "config.pbtxt"
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """The model's configuration file: ``configs/<config_name>.pbtxt`` when ``--model-config-name`` names one
+    that exists in the model directory (Triton's custom configurations), else ``config.pbtxt``."""
+    if config_name:
+        custom = model_dir / "configs" / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / "config.pbtxt"
+
+
+def load_config(model_dir: Path, model_name: str, config_name: str = "") -> ModelConfig:
+    """Read the model's configuration file (``config_path``; an empty config when absent: auto-complete fills it)."""
+    path = config_path(model_dir, config_name)
+    shown = path.relative_to(model_dir)
     if not path.exists():
         config = ModelConfig()
     else:
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(f"failed to read config.pbtxt of model '{model_name}': {exc}") from None
+            raise ModelLoadError(f"failed to read {shown} of model '{model_name}': {exc}") from None
         config = parse_config_text(text, model_name)
     if config.name and config.name != model_name:
         raise ModelLoadError(
-            f"model name '{config.name}' in config.pbtxt does not match the model directory '{model_name}'"
+            f"model name '{config.name}' in {shown} does not match the model directory '{model_name}'"
         )
     config.name = model_name
     return config

@@ -25,8 +25,9 @@ def prepare_config(
     override_json: str | None = None,
     backend_config: dict[str, dict[str, str]] | None = None,
     default_instance_kind: str = "KIND_AUTO",
+    config_name: str = "",
 ) -> tuple[mc.ModelConfig, str, list[int]]:
-    """The completed config, its backend name and the versions to load."""
+    """The completed config, its backend name and the versions to load (``config_name``: ``--model-config-name``)."""
     if not model_dir.is_dir():
         raise ModelLoadError(f"model '{name}': directory {model_dir} does not exist")
     if override_json is not None:
@@ -37,7 +38,7 @@ def prepare_config(
             )
         config.name = name
     else:
-        config = load_config(model_dir, name)
+        config = load_config(model_dir, name, config_name)
     backend_name = resolve_backend(config, model_dir)
     versions = select_versions(config, model_dir)
     if backend_name != "ensemble":

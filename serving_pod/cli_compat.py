@@ -1,0 +1,163 @@
+"""The rest of tritonserver 2.51's flags, so that an existing ``tritonserver`` command line starts ``ferry-server``.
+
+Three kinds, each flag in exactly one table:
+
+* **Applied**: ``--model-config-name`` (``configs/<name>.pbtxt``), ``--reuse-http-port`` and
+  ``--reuse-grpc-port`` (SO_REUSEPORT on the listening socket).
+* **No effect in Ferry** (``NO_EFFECT``): tuning knobs for parts Ferry does not have, such as CUDA and pinned
+  memory pools, backend shared libraries, repository agents and HTTP threads. Each value is still checked
+  in tritonserver's format, and the server logs at start which of them it was given and why they do
+  nothing.
+* **Features Ferry lacks** (``UNSUPPORTED``): accepted at the value that leaves the feature off (or with the
+  default of tritonserver); a value that turns it on exits with code 2 and says what is missing, rather
+  than serving without it.
+
+Neighbours: ``cli`` (the core flags) and ``cli_extensions`` (shared memory, tracing, TLS, limits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Callable
+
+from serving_pod.cli_extensions import number, parse_bool
+
+
+def _device_value(kind: type) -> Callable[[str], str]:
+    """``<device>:<value>`` (``--cuda-memory-pool-byte-size 0:268435456``, ``--model-load-gpu-limit 0:0.5``)."""
+
+    def parse(text: str) -> str:
+        device, sep, value = text.partition(":")
+        try:
+            if not sep or int(device) < 0 or kind(value) < 0:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value '{text}': expected <device>:<value>") from None
+        return text
+
+    return parse
+
+
+def _host_policy(text: str) -> str:
+    name, _, setting = text.partition(",")
+    if not name or "=" not in setting:
+        raise argparse.ArgumentTypeError(f"invalid --host-policy '{text}': expected <name>,<setting>=<value>")
+    return text
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"invalid setting '{text}': expected <setting>=<value>")
+    return key, value
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
+    return text
+
+
+def _config_name(text: str) -> str:
+    if not text or any(c.isspace() for c in text) or "/" in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(
+            f"invalid --model-config-name '{text}': a file name without spaces or '/' (e.g. h100)"
+        )
+    return text
+
+
+def _port_range(text: str) -> str:
+    low, sep, high = text.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit() or int(low) > int(high) or int(high) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid port range '{text}': expected <low>-<high>")
+    return text
+
+
+#: flag -> (value parser, repeatable, why it does nothing in Ferry)
+NO_EFFECT: dict[str, tuple[Callable[[str], Any], bool, str]] = {
+    "--backend-directory": (str, False, "the backends are built into Ferry"),
+    "--repoagent-directory": (str, False, "Ferry has no repository agents"),
+    "--cache-directory": (str, False, "the response cache ('local') is built into Ferry"),
+    "--http-thread-count": (number(int, minimum=1), False,
+                            "HTTP requests run on the event loop; --http-workers adds processes"),
+    "--buffer-manager-thread-count": (number(int), False, "Ferry has no buffer manager threads"),
+    "--model-load-thread-count": (number(int, minimum=1), False, "each model loads on its own loader thread"),
+    "--metrics-interval-ms": (number(int), False, "GPU and CPU metrics are read at each scrape"),
+    "--pinned-memory-pool-byte-size": (number(int), False, "Ferry keeps no pinned host memory pool"),
+    "--cuda-memory-pool-byte-size": (_device_value(int), True,
+                                     "onnxruntime and TensorRT allocate GPU memory themselves"),
+    "--cuda-virtual-address-size": (_device_value(int), True, "Ferry reserves no CUDA virtual address space"),
+    "--min-supported-compute-capability": (number(float), False, "GPUs are left to onnxruntime and TensorRT"),
+    "--enable-peer-access": (parse_bool, False, "Ferry copies no tensors between GPUs"),
+    "--model-load-gpu-limit": (_device_value(float), True, "Ferry does not meter GPU memory while loading"),
+    "--host-policy": (_host_policy, True, "Ferry does not bind models to NUMA nodes"),
+    "--sagemaker-port": (number(int), False, "Ferry has no SageMaker endpoint"),
+    "--sagemaker-safe-port-range": (_port_range, False, "Ferry has no SageMaker endpoint"),
+    "--sagemaker-thread-count": (number(int), False, "Ferry has no SageMaker endpoint"),
+    "--vertex-ai-port": (number(int), False, "Ferry has no Vertex AI endpoint"),
+    "--vertex-ai-thread-count": (number(int), False, "Ferry has no Vertex AI endpoint"),
+    "--vertex-ai-default-model": (str, False, "Ferry has no Vertex AI endpoint"),
+}
+
+#: flag -> (value parser, the values that leave the feature off, what Ferry lacks)
+UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
+    "--allow-sagemaker": (parse_bool, lambda v: v is False, "Ferry has no SageMaker endpoint"),
+    "--allow-vertex-ai": (parse_bool, lambda v: v is False, "Ferry has no Vertex AI endpoint"),
+    "--model-namespacing": (parse_bool, lambda v: v is False,
+                            "Ferry does not namespace models by repository: names must be unique"),
+    "--model-load-retry-count": (number(int), lambda v: v == 0, "Ferry does not retry failed model loads"),
+    "--http-header-forward-pattern": (_regex, lambda v: False,
+                                      "Ferry does not forward HTTP headers as request parameters"),
+    "--grpc-header-forward-pattern": (_regex, lambda v: False,
+                                      "Ferry does not forward gRPC metadata as request parameters"),
+    "--grpc-max-connection-age": (number(int), lambda v: False, "Ferry's gRPC server does not age out connections"),
+    "--grpc-max-connection-age-grace": (number(int), lambda v: False,
+                                        "Ferry's gRPC server does not age out connections"),
+}
+
+#: tritonserver's metrics settings at their defaults: the only values Ferry's metrics match
+METRICS_DEFAULTS = {"counter_latencies": "true", "summary_latencies": "false", "histogram_latencies": "false"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model-config-name", type=_config_name, default=None,
+        help="read configs/<name>.pbtxt instead of config.pbtxt in each model directory that has one")
+    add("--reuse-http-port", type=parse_bool, default=False, help="SO_REUSEPORT on the HTTP listening socket")
+    add("--reuse-grpc-port", type=parse_bool, default=False, help="SO_REUSEPORT on the gRPC listening socket")
+    add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",
+        help="tritonserver's metrics settings; Ferry's metrics are its defaults ("
+             + ", ".join(f"{k}={v}" for k, v in METRICS_DEFAULTS.items()) + ")")
+    for flag, (kind, repeatable, why) in NO_EFFECT.items():
+        add(flag, type=kind, default=[] if repeatable else None, action="append" if repeatable else "store",
+            help=f"accepted for tritonserver compatibility; no effect: {why}")
+    for flag, (kind, _, lacks) in UNSUPPORTED.items():
+        add(flag, type=kind, default=None, help=f"accepted only at the value that leaves it off: {lacks}")
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """``(engine_fields, server_fields, notes)``; exits (code 2) on a value that needs a missing feature.
+
+    ``notes`` says, for each no-effect flag given, why it does nothing (logged when the server starts).
+    """
+    for flag, (_, off, lacks) in UNSUPPORTED.items():
+        value = getattr(args, _dest(flag))
+        if value is not None and not off(value):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            parser.error(f"{flag}={shown}: not supported ({lacks})")
+    for key, value in args.metrics_config:
+        if METRICS_DEFAULTS.get(key) != value.strip().lower():
+            parser.error(f"--metrics-config {key}={value}: not supported (Ferry's metrics are tritonserver's "
+                         f"defaults: {', '.join(f'{k}={v}' for k, v in METRICS_DEFAULTS.items())})")
+    notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
+             if getattr(args, _dest(flag)) not in (None, [])]
+    engine = {"model_config_name": args.model_config_name or ""}
+    server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port}
+    return engine, server, notes

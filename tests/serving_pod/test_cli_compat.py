@@ -1,0 +1,143 @@
+"""The rest of tritonserver 2.51's flags (``serving_pod.cli_compat``): a tritonserver command line starts Ferry.
+
+Every flag of ``tritonserver --help`` (2.51) that Ferry had refused as unrecognized is parsed here with a value
+in tritonserver's format. The applied ones are checked end to end (custom model configs served, SO_REUSEPORT
+on the listening sockets); the no-effect ones must be reported; the features Ferry lacks must be refused
+with the reason when a value would turn them on.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from serving_pod.cli import build_parser, options_from_args
+from support.server import test_model_config, write_model
+
+#: flags of ``tritonserver --help`` (2.51) that ``ferry-server`` refused before, with a value each
+TRITONSERVER_ONLY = [
+    "--allow-sagemaker=false", "--allow-vertex-ai=false", "--backend-directory=/opt/tritonserver/backends",
+    "--buffer-manager-thread-count=0", "--cache-directory=/opt/tritonserver/caches",
+    "--cuda-memory-pool-byte-size=0:67108864", "--cuda-virtual-address-size=0:1073741824",
+    "--enable-peer-access=true", "--host-policy=gpu0,numa-node=0", "--http-thread-count=8",
+    "--metrics-config=summary_latencies=false", "--metrics-interval-ms=2000",
+    "--min-supported-compute-capability=6.0", "--model-config-name=h100", "--model-load-gpu-limit=0:0.8",
+    "--model-load-retry-count=0", "--model-load-thread-count=4", "--model-namespacing=false",
+    "--pinned-memory-pool-byte-size=268435456", "--repoagent-directory=/opt/tritonserver/repoagents",
+    "--reuse-grpc-port=false", "--reuse-http-port=false", "--sagemaker-port=8080",
+    "--sagemaker-safe-port-range=8000-9000", "--sagemaker-thread-count=8", "--vertex-ai-port=8080",
+    "--vertex-ai-thread-count=8", "--vertex-ai-default-model=m",
+]
+
+
+def _options(*argv: str):
+    parser = build_parser()
+    return options_from_args(parser.parse_args(list(argv)), parser)
+
+
+def test_every_tritonserver_flag_is_accepted():
+    options = _options(*TRITONSERVER_ONLY)
+    assert options.engine.model_config_name == "h100"
+    assert (options.reuse_http_port, options.reuse_grpc_port) == (False, False)
+    ignored = "; ".join(options.ignored_flags)
+    for flag in ("--backend-directory", "--http-thread-count", "--pinned-memory-pool-byte-size",
+                 "--cuda-memory-pool-byte-size", "--model-load-thread-count", "--metrics-interval-ms"):
+        assert f"{flag} (no effect: " in ignored
+    assert "--model-config-name" not in ignored and "--reuse-http-port" not in ignored  # those are applied
+    assert _options().ignored_flags == ()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--allow-sagemaker=true"], "--allow-sagemaker=true: not supported (Ferry has no SageMaker endpoint)"),
+    (["--allow-vertex-ai=1"], "--allow-vertex-ai=true: not supported (Ferry has no Vertex AI endpoint)"),
+    (["--model-namespacing=true"], "--model-namespacing=true: not supported"),
+    (["--model-load-retry-count=3"], "--model-load-retry-count=3: not supported (Ferry does not retry"),
+    (["--http-header-forward-pattern=^x-"], "--http-header-forward-pattern=^x-: not supported"),
+    (["--grpc-max-connection-age=60000"], "--grpc-max-connection-age=60000: not supported"),
+    (["--metrics-config=summary_latencies=true"], "--metrics-config summary_latencies=true: not supported"),
+    (["--metrics-config=nonsense"], "invalid setting 'nonsense': expected <setting>=<value>"),
+    (["--cuda-memory-pool-byte-size=lots"], "invalid value 'lots': expected <device>:<value>"),
+    (["--host-policy=numa"], "invalid --host-policy 'numa'"),
+    (["--http-header-forward-pattern=("], "invalid regular expression '('"),
+    (["--model-config-name=../etc"], "invalid --model-config-name '../etc'"),
+    (["--http-thread-count=0"], "value must be >= 1"),
+])
+def test_values_ferry_cannot_honour_exit_2_with_the_reason(argv, message):
+    result = subprocess.run([sys.executable, "-m", "serving_pod.cli", *argv], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_no_effect_flags_are_logged_at_start(tmp_path):
+    """The server says which given flags do nothing (and why) before it serves; checked on the real CLI."""
+    from support.server import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving_pod.cli", f"--model-repository={tmp_path}", f"--http-port={http}",
+         f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-thread-count=8", "--backend-directory=/x"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "flags accepted with no effect" not in line:
+            line = proc.stderr.readline() if proc.stderr else ""
+            assert line, "the server exited without the note"
+        assert "--backend-directory (no effect: the backends are built into Ferry)" in line
+        assert "--http-thread-count (no effect: HTTP requests run on the event loop" in line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_model_config_name_serves_the_custom_config(threaded_server, tmp_path):
+    """``configs/<name>.pbtxt`` where a model has one (Triton's custom configurations), else config.pbtxt."""
+    custom = write_model(tmp_path, "custom", test_model_config("custom", max_batch_size=8))
+    (custom / "configs").mkdir()
+    (custom / "configs" / "h100.pbtxt").write_text(test_model_config("custom", max_batch_size=2))
+    (custom / "configs" / "a100.pbtxt").write_text(test_model_config("custom", max_batch_size=4))
+    write_model(tmp_path, "plain", test_model_config("plain", max_batch_size=8))
+    server = threaded_server([tmp_path], model_config_name="h100")
+    config = httpx.get(f"http://{server.http_url}/v2/models/custom/config").json()
+    assert config["max_batch_size"] == 2
+    assert httpx.get(f"http://{server.http_url}/v2/models/plain/config").json()["max_batch_size"] == 8
+    # without the flag the same repository serves config.pbtxt
+    other = threaded_server([tmp_path])
+    assert httpx.get(f"http://{other.http_url}/v2/models/custom/config").json()["max_batch_size"] == 8
+
+
+def test_model_config_name_errors_name_the_file(threaded_server, tmp_path):
+    broken = write_model(tmp_path, "broken", test_model_config("broken"))
+    (broken / "configs").mkdir()
+    (broken / "configs" / "h100.pbtxt").write_text('name: "other"\n')
+    server = threaded_server([tmp_path], model_config_name="h100")
+    index = {row["name"]: row for row in server.client("http").get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "model name 'other' in configs/h100.pbtxt does not match the model directory 'broken'" in (
+        index["broken"]["reason"])
+
+
+def _can_bind_again(port: int) -> bool:
+    """Whether another socket with SO_REUSEPORT can bind ``port`` (only if the listener set it too)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_reuse_port_flags(threaded_server, tmp_path, grpc_server):
+    write_model(tmp_path, "m", test_model_config("m"))
+    shared = threaded_server([tmp_path], reuse_http_port=True, reuse_grpc_port=True, grpc_server=grpc_server)
+    assert _can_bind_again(shared.server.http_port) and _can_bind_again(shared.server.grpc_port)
+    alone = threaded_server([tmp_path], grpc_server=grpc_server)
+    assert not _can_bind_again(alone.server.http_port) and not _can_bind_again(alone.server.grpc_port)
