@@ -3,7 +3,8 @@
 Three kinds, each flag in exactly one table:
 
 * **Applied**: ``--model-config-name`` (``configs/<name>.pbtxt``), ``--reuse-http-port`` and
-  ``--reuse-grpc-port`` (SO_REUSEPORT on the listening socket).
+  ``--reuse-grpc-port`` (SO_REUSEPORT on the listening socket), ``--http-header-forward-pattern`` and
+  ``--grpc-header-forward-pattern`` (matching headers become request parameters, ``core.parameters``).
 * **No effect in Ferry** (``NO_EFFECT``): tuning knobs for parts Ferry does not have, such as CUDA and pinned
   memory pools, backend shared libraries, repository agents and HTTP threads. Each value is still checked
   in tritonserver's format, and the server logs at start which of them it was given and why they do
@@ -109,10 +110,6 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
     "--model-namespacing": (parse_bool, lambda v: v is False,
                             "Ferry does not namespace models by repository: names must be unique"),
     "--model-load-retry-count": (number(int), lambda v: v == 0, "Ferry does not retry failed model loads"),
-    "--http-header-forward-pattern": (_regex, lambda v: False,
-                                      "Ferry does not forward HTTP headers as request parameters"),
-    "--grpc-header-forward-pattern": (_regex, lambda v: False,
-                                      "Ferry does not forward gRPC metadata as request parameters"),
     "--grpc-max-connection-age": (number(int), lambda v: False, "Ferry's gRPC server does not age out connections"),
     "--grpc-max-connection-age-grace": (number(int), lambda v: False,
                                         "Ferry's gRPC server does not age out connections"),
@@ -128,6 +125,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read configs/<name>.pbtxt instead of config.pbtxt in each model directory that has one")
     add("--reuse-http-port", type=parse_bool, default=False, help="SO_REUSEPORT on the HTTP listening socket")
     add("--reuse-grpc-port", type=parse_bool, default=False, help="SO_REUSEPORT on the gRPC listening socket")
+    add("--http-header-forward-pattern", type=_regex, default="",
+        help="HTTP headers whose (lower-case) name matches this regular expression become request parameters")
+    add("--grpc-header-forward-pattern", type=_regex, default="",
+        help="gRPC metadata whose name matches this regular expression becomes request parameters")
     add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",
         help="tritonserver's metrics settings; Ferry's metrics are its defaults ("
              + ", ".join(f"{k}={v}" for k, v in METRICS_DEFAULTS.items()) + ")")
@@ -159,5 +160,7 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
     notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
              if getattr(args, _dest(flag)) not in (None, [])]
     engine = {"model_config_name": args.model_config_name or ""}
-    server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port}
+    server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port,
+              "http_header_forward": args.http_header_forward_pattern,
+              "grpc_header_forward": args.grpc_header_forward_pattern}
     return engine, server, notes

@@ -79,5 +79,8 @@ class ServerOptions:
     #: ``--reuse-http-port`` / ``--reuse-grpc-port``: SO_REUSEPORT on the listening socket
     reuse_http_port: bool = False
     reuse_grpc_port: bool = False
+    #: ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern`` (regex; "" forwards nothing)
+    http_header_forward: str = ""
+    grpc_header_forward: str = ""
     #: tritonserver flags given that do nothing in Ferry, each with why (``cli_compat``; logged at start)
     ignored_flags: tuple[str, ...] = ()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import re
 import signal
 from typing import Any
 
@@ -71,6 +72,11 @@ def metrics_app(registry: Any):
     return app
 
 
+def _pattern(text: str) -> re.Pattern[str] | None:
+    """A header-forward pattern compiled, or None when the flag is unset."""
+    return re.compile(text) if text else None
+
+
 def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
     """uvicorn settings for the HTTP endpoint: Ferry's protocol (limits, direct infer path), TLS when configured."""
     import ssl
@@ -80,7 +86,7 @@ def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
     settings: dict[str, Any] = {"http": http_protocol(
         engine=engine, max_input_size=options.http_max_input_size,
         max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs,
-        restrictions=options.http_restrictions,
+        restrictions=options.http_restrictions, header_forward=_pattern(options.http_header_forward),
     )}
     tls = options.http_tls
     if tls is not None:
@@ -136,7 +142,8 @@ class FerryServer:
             sock = bind_socket(options.http_address, options.http_port, reuse_port=options.http_workers > 1 or options.reuse_http_port)
             self.http_port = sock.getsockname()[1]
             app = create_app(
-                self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions
+                self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
+                header_forward=_pattern(options.http_header_forward),
             )
             self._http = _uvicorn(app, **http_transport(options, self.engine))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
@@ -150,6 +157,7 @@ class FerryServer:
                     options.http_workers - 1, options.http_address, self.http_port, self._bridge.path,
                     max_input_size=options.http_max_input_size, max_header_bytes=options.http_max_header_size,
                     read_timeout_s=options.http_read_timeout_secs, restrictions=options.http_restrictions,
+                    header_forward=options.http_header_forward,
                 )
                 # ready means every process takes its share of new connections
                 await self._bridge.wait_for_workers(len(self._workers), timeout=60.0)
@@ -192,6 +200,7 @@ class FerryServer:
             "max_metadata_size": options.grpc_max_metadata_size,
             "keepalive": options.grpc_keepalive,
             "response_compression": options.grpc_response_compression,
+            "header_forward": _pattern(options.grpc_header_forward),
         }
         tls = options.grpc_tls
         if options.grpc_server == "native":

@@ -7,16 +7,24 @@ model, so a client's mistake shows at once rather than when the model changes; t
 here (``Engine._admit``). Keys starting with ``triton_`` belong to Triton: only
 ``triton_enable_empty_final_response`` (gRPC streaming) may be sent. The HTTP codec adds what only its
 JSON carries (``binary_data_output``, ``id``).
+
+``forward_headers`` is ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``: request headers
+(gRPC metadata) whose name matches become string parameters, as in Triton; a reserved name is refused.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any, Callable
 
 from serving_pod.core.errors import InvalidArgumentError
 
 #: the ``triton_`` keys a client may send (Triton's ``TRITON_RESERVED_REQUEST_PARAMS``)
 TRITON_RESERVED_REQUEST_PARAMS = ("triton_enable_empty_final_response",)
+#: parameter names a forwarded header may not take (Triton's ``kReservedParameterKeys``)
+RESERVED_PARAMETER_KEYS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+                           "binary_data_output")
 _UINT64_END = 2**64
 
 
@@ -57,3 +65,19 @@ def check_request_parameters(parameters: dict[str, Any]) -> None:
                 "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
                 f"starting with 'triton_' are allowed: {' '.join(TRITON_RESERVED_REQUEST_PARAMS)}"
             )
+
+
+def forward_headers(parameters: dict[str, Any], headers: Iterable[tuple[str, Any]],
+                    pattern: re.Pattern[str] | None = None) -> None:
+    """Add each header whose name ``pattern`` finds (``re.search``, as RE2's PartialMatch; None: every one given)
+    to ``parameters``.
+
+    Names are as the protocol delivers them (lower case: uvicorn and HTTP/2 lower them); binary values
+    (gRPC ``-bin`` metadata) are not forwarded. A reserved or ``triton_`` name is an ``InvalidArgumentError``.
+    """
+    for name, value in headers:
+        if not isinstance(value, str) or (pattern is not None and not pattern.search(name)):
+            continue
+        if name in RESERVED_PARAMETER_KEYS or name.startswith("triton_"):
+            raise InvalidArgumentError(f"Header '{name}' is reserved for Triton usage and cannot be forwarded.")
+        parameters[name] = value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, AsyncIterator
 
 import grpc
@@ -18,6 +19,8 @@ from tritonclient.grpc import service_pb2_grpc
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
+from serving_pod.core.parameters import forward_headers
+from serving_pod.core.types import InferRequest
 from serving_pod.grpc.codec import decode_infer_request, encode_infer_response
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
@@ -50,8 +53,16 @@ def _stream_error(message: pb.ModelInferRequest, error: ServerError) -> pb.Model
 class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceServicer):
     """Triton's inference service on top of the engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, header_forward: re.Pattern[str] | None = None) -> None:
         self.engine = engine
+        #: ``--grpc-header-forward-pattern``: matching metadata becomes request parameters
+        self.header_forward = header_forward
+
+    def _decode(self, message: pb.ModelInferRequest, context: Any) -> InferRequest:
+        request = decode_infer_request(message)
+        if self.header_forward is not None:
+            forward_headers(request.parameters, context.invocation_metadata() or (), self.header_forward)
+        return request
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.engine.is_live())
@@ -97,7 +108,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
     async def ModelInfer(self, request, context):
         try:
-            infer_request = decode_infer_request(request)
+            infer_request = self._decode(request, context)
             response = await self.engine.infer(infer_request)
         except ServerError as error:
             await _abort(context, error)
@@ -113,7 +124,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
         async def run_one(message: pb.ModelInferRequest) -> None:
             try:
-                infer_request = decode_infer_request(message)
+                infer_request = self._decode(message, context)
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.engine.stream_infer(infer_request):
                     if isinstance(response, ServerError):  # this response failed; the request goes on
@@ -222,6 +233,7 @@ def create_native_server(
     ssl_context: Any = None,
     keepalive: Any = None,
     response_compression: str = "none",
+    header_forward: re.Pattern[str] | None = None,
 ) -> Any:
     """The same services on the native front end (``serving_pod.grpc.native``); ``start(host, port)`` binds."""
     from serving_pod.grpc.native import NativeGrpcServer
@@ -236,7 +248,7 @@ def create_native_server(
         denied = restricted
 
     services = [
-        (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(engine)),
+        (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(engine, header_forward)),
         (health_pb2.DESCRIPTOR.services_by_name["Health"], HealthService(engine)),
     ]
     return NativeGrpcServer(services, denied=denied, max_message_size=max_message_size,
@@ -254,6 +266,7 @@ def create_server(
     keepalive: Any = None,
     response_compression: str = "none",
     reuse_port: bool = False,
+    header_forward: re.Pattern[str] | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server with the inference and health services (ports are added by the caller).
 
@@ -283,7 +296,7 @@ def create_server(
 
         interceptors.append(RestrictedGrpc(restrictions))
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(engine), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(engine, header_forward), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(engine), server)
     for add in extra_services or []:
         add(server)

@@ -18,6 +18,7 @@ from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError
+from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_infer_request, encode_infer_response
 from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
@@ -40,9 +41,11 @@ class InferHead(NamedTuple):
     header_length: int | None
     encoding: str
     accept: str
+    #: (name, value) of the headers ``--http-header-forward-pattern`` matches: they become request parameters
+    forwarded: tuple[tuple[str, str], ...] = ()
 
 
-def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
+def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Pattern[str] | None = None) -> InferHead:
     """The infer route's headers; ``InvalidArgumentError`` on a bad length or a declared body over ``limit``."""
     header_length: int | None = None
     encoding = accept = ""
@@ -61,7 +64,11 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int) -> InferHead:
             content_length = int(value) if value.isdigit() else -1
     if content_length > limit:
         raise size_error(content_length, limit)
-    return InferHead(header_length, encoding, accept)
+    if forward is None:
+        return InferHead(header_length, encoding, accept)
+    forwarded = tuple((key.decode("latin-1"), value.decode("latin-1")) for key, value in headers
+                      if forward.search(key.decode("latin-1")))
+    return InferHead(header_length, encoding, accept, forwarded)
 
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
@@ -73,6 +80,8 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
         if head.encoding:
             body = decode_body(body, head.encoding, limit)
         request = decode_infer_request(body, head.header_length, model, version)
+        if head.forwarded:
+            forward_headers(request.parameters, head.forwarded)  # already matched by infer_head
         response = await engine.infer(request)
         payload, json_length = encode_infer_response(response, request)
     except ServerError as error:
@@ -102,10 +111,12 @@ class InferEndpoint:
     this endpoint takes the rest (pipelined requests, escaped paths) and serves ``--http-workers``.
     """
 
-    def __init__(self, app: ASGIApp, engine: Infers, max_input_size: int) -> None:
+    def __init__(self, app: ASGIApp, engine: Infers, max_input_size: int,
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self.app = app
         self.engine = engine
         self.max_input_size = max_input_size
+        self.header_forward = header_forward
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -118,7 +129,7 @@ class InferEndpoint:
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
         limit = self.max_input_size
         try:
-            head = infer_head(scope["headers"], limit)
+            head = infer_head(scope["headers"], limit, self.header_forward)
             body = await read_body(receive, limit)
         except ServerError as error:
             await send_response(send, *error_body(error), [])
@@ -128,11 +139,13 @@ class InferEndpoint:
 
 
 def create_app(
-    engine: Engine, *, max_input_size: int = 64 * 1024 * 1024, restrictions: dict | None = None
+    engine: Engine, *, max_input_size: int = 64 * 1024 * 1024, restrictions: dict | None = None,
+    header_forward: re.Pattern[str] | None = None,
 ) -> ASGIApp:
     """The HTTP application for ``engine``: FastAPI routes behind the lean infer endpoint.
 
-    ``restrictions`` (``security.parse_restrictions``) puts the restricted-API guard in front.
+    ``restrictions`` (``security.parse_restrictions``) puts the restricted-API guard in front;
+    ``header_forward`` is ``--http-header-forward-pattern``.
     """
     app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -203,7 +216,7 @@ def create_app(
     add_extension_routes(app, engine)
     from serving_pod.http.limits import BodyLimit
 
-    endpoint = InferEndpoint(BodyLimit(app, max_input_size), engine, max_input_size)
+    endpoint = InferEndpoint(BodyLimit(app, max_input_size), engine, max_input_size, header_forward)
     if restrictions:
         from serving_pod.security import RestrictedHttp
 

@@ -79,6 +79,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     engine: Engine
     max_input_size: int = 64 * 1024 * 1024
     direct_infer: bool = True
+    #: ``--http-header-forward-pattern`` (None: no header becomes a request parameter)
+    header_forward: re.Pattern[str] | None = None
     cycle: Any  # uvicorn's RequestResponseCycle, or an InferCycle standing in for it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -109,7 +111,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         version = match.group(2)
         try:
-            head = infer_head(self.headers, self.max_input_size)
+            head = infer_head(self.headers, self.max_input_size, self.header_forward)
         except ServerError as error:
             cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
@@ -208,7 +210,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
 
 def http_protocol(
     *, engine: Engine, max_input_size: int, max_header_bytes: int, read_timeout_s: float,
-    restrictions: dict[str, Any] | None = None,
+    restrictions: dict[str, Any] | None = None, header_forward: re.Pattern[str] | None = None,
 ) -> type[InferHttpProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` serving ``engine`` with these limits.
 
@@ -217,5 +219,6 @@ def http_protocol(
     settings: dict[str, Any] = {
         "engine": engine, "max_input_size": max_input_size, "max_header_bytes": max_header_bytes,
         "read_timeout_s": read_timeout_s, "direct_infer": "inference" not in (restrictions or {}),
+        "header_forward": header_forward,
     }
     return type("FerryHttpProtocol", (InferHttpProtocol,), settings)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import socket
 import struct
 import subprocess
@@ -299,11 +300,13 @@ class ForwardingApp:
         await send({"type": "http.response.body", "body": body})
 
 
-def worker_app(client: BridgeClient, max_input_size: int, restrictions: dict[str, Any]) -> Callable:
+def worker_app(client: BridgeClient, max_input_size: int, restrictions: dict[str, Any],
+               header_forward: re.Pattern[str] | None = None) -> Callable:
     """The worker's ASGI application: the lean infer endpoint on the remote engine, the rest forwarded."""
     from serving_pod.http.app import InferEndpoint
 
-    app: Callable = InferEndpoint(ForwardingApp(client, max_input_size), RemoteEngine(client), max_input_size)
+    app: Callable = InferEndpoint(ForwardingApp(client, max_input_size), RemoteEngine(client), max_input_size,
+                                  header_forward)
     if restrictions:
         from serving_pod.security import RestrictedHttp
 
@@ -313,7 +316,7 @@ def worker_app(client: BridgeClient, max_input_size: int, restrictions: dict[str
 
 def spawn_workers(
     count: int, address: str, port: int, bridge_path: str, *, max_input_size: int, max_header_bytes: int,
-    read_timeout_s: float, restrictions: dict[str, Any] | None = None,
+    read_timeout_s: float, restrictions: dict[str, Any] | None = None, header_forward: str = "",
 ) -> list[subprocess.Popen]:
     """Start ``count`` worker processes listening on ``address:port`` (SO_REUSEPORT, like the server's own
     socket, so the kernel spreads connections over all of them) and forwarding to the bridge. They enforce
@@ -321,6 +324,7 @@ def spawn_workers(
     settings = json.dumps({
         "max_input_size": max_input_size, "max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s,
         "restrictions": {group: [r.header, r.value] for group, r in (restrictions or {}).items()},
+        "header_forward": header_forward,
     })
     return [
         subprocess.Popen([sys.executable, "-m", "serving_pod.http.workers", address, str(port), bridge_path, settings])
@@ -362,6 +366,7 @@ def worker_main(argv: list[str]) -> int:
     address, port, bridge_path, settings = argv[0], int(argv[1]), argv[2], json.loads(argv[3])
     restrictions = {group: Restriction(*pair) for group, pair in settings["restrictions"].items()}
     max_input_size = settings["max_input_size"]
+    header_forward = re.compile(settings["header_forward"]) if settings.get("header_forward") else None
     sock = bind_socket(address, port, reuse_port=True)
     sock.listen(2048)  # connections queue here from now on; then tell the server this process takes its share
     _hello(bridge_path)
@@ -369,10 +374,10 @@ def worker_main(argv: list[str]) -> int:
     protocol = http_protocol(
         engine=RemoteEngine(client), max_input_size=max_input_size,  # type: ignore[arg-type]
         max_header_bytes=settings["max_header_bytes"], read_timeout_s=settings["read_timeout_s"],
-        restrictions=restrictions,
+        restrictions=restrictions, header_forward=header_forward,
     )
     config = uvicorn.Config(
-        worker_app(client, max_input_size, restrictions), loop="uvloop", http=protocol, lifespan="off",
+        worker_app(client, max_input_size, restrictions, header_forward), loop="uvloop", http=protocol, lifespan="off",
         log_level="warning", access_log=False, proxy_headers=False, server_header=False,
         timeout_keep_alive=75,
     )

@@ -2,15 +2,18 @@
 
 Every flag of ``tritonserver --help`` (2.51) that Ferry had refused as unrecognized is parsed here with a value
 in tritonserver's format. The applied ones are checked end to end (custom model configs served, SO_REUSEPORT
-on the listening sockets); the no-effect ones must be reported; the features Ferry lacks must be refused
+on the listening sockets, headers forwarded as request parameters over HTTP and gRPC); the no-effect ones must be
+reported; the features Ferry lacks must be refused
 with the reason when a value would turn them on.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -56,7 +59,6 @@ def test_every_tritonserver_flag_is_accepted():
     (["--allow-vertex-ai=1"], "--allow-vertex-ai=true: not supported (Ferry has no Vertex AI endpoint)"),
     (["--model-namespacing=true"], "--model-namespacing=true: not supported"),
     (["--model-load-retry-count=3"], "--model-load-retry-count=3: not supported (Ferry does not retry"),
-    (["--http-header-forward-pattern=^x-"], "--http-header-forward-pattern=^x-: not supported"),
     (["--grpc-max-connection-age=60000"], "--grpc-max-connection-age=60000: not supported"),
     (["--metrics-config=summary_latencies=true"], "--metrics-config summary_latencies=true: not supported"),
     (["--metrics-config=nonsense"], "invalid setting 'nonsense': expected <setting>=<value>"),
@@ -141,3 +143,68 @@ def test_reuse_port_flags(threaded_server, tmp_path, grpc_server):
     assert _can_bind_again(shared.server.http_port) and _can_bind_again(shared.server.grpc_port)
     alone = threaded_server([tmp_path], grpc_server=grpc_server)
     assert not _can_bind_again(alone.server.http_port) and not _can_bind_again(alone.server.grpc_port)
+
+
+ECHO_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "PARAMS", np.array([request.parameters().encode()], dtype=np.object_))]) for request in requests]
+"""
+ECHO_CONFIG = """
+name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture
+def echo_repo(tmp_path):
+    model = write_model(tmp_path, "echo", ECHO_CONFIG)
+    (model / "1" / "model.py").write_text(ECHO_MODEL)
+    return tmp_path
+
+
+def _http_params(server, path: str, headers: dict[str, str]) -> tuple[int, Any]:
+    body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    response = httpx.post(f"http://{server.http_url}{path}", json=body, headers=headers, timeout=30)
+    if response.status_code != 200:
+        return response.status_code, response.json()["error"]
+    return 200, json.loads(response.json()["outputs"][0]["data"][0])
+
+
+@pytest.mark.parametrize("path", ["/v2/models/echo/infer", "/v2/models/echo/infer?via=asgi"], ids=["direct", "asgi"])
+def test_http_headers_matching_the_pattern_become_parameters(threaded_server, echo_repo, path):
+    server = threaded_server([echo_repo], http_header_forward="^x-")
+    status, params = _http_params(server, path, {"X-Tenant": "acme", "X-Trace": "t1", "Other": "no"})
+    assert status == 200 and params == {"x-tenant": "acme", "x-trace": "t1"}
+    plain = threaded_server([echo_repo])  # no pattern: nothing forwarded
+    assert _http_params(plain, path, {"X-Tenant": "acme"}) == (200, {})
+    # a header named like a reserved parameter is refused, as Triton does
+    everything = threaded_server([echo_repo], http_header_forward=".*")
+    status, error = _http_params(everything, path, {"timeout": "5"})
+    assert status == 400 and error == "Header 'timeout' is reserved for Triton usage and cannot be forwarded."
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_grpc_metadata_matching_the_pattern_becomes_parameters(threaded_server, echo_repo, grpc_server):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    server = threaded_server([echo_repo], grpc_header_forward="^x-", grpc_server=grpc_server)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("X", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    result = client.infer("echo", [tensor], headers={"x-tenant": "acme", "other": "no"})
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"x-tenant": "acme"}
+    strict = threaded_server([echo_repo], grpc_header_forward="^triton", grpc_server=grpc_server)
+    with pytest.raises(InferenceServerException) as info:
+        grpcclient.InferenceServerClient(strict.grpc_url).infer("echo", [tensor], headers={"triton_x": "1"})
+    assert "Header 'triton_x' is reserved for Triton usage and cannot be forwarded." in info.value.message()

@@ -153,3 +153,19 @@ def test_http_limits_hold_on_every_worker(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+def test_header_forward_pattern_holds_on_every_worker(tmp_path):
+    # a forwarded header named like a reserved parameter is refused: so each process must know the pattern
+    process, http = _spawn(tmp_path, "--http-header-forward-pattern=^timeout$")
+    try:
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+        for _ in range(30):  # fresh connections: the kernel spreads them over the three processes
+            with httpx.Client() as client:
+                response = client.post(f"http://127.0.0.1:{http}/v2/models/m/infer", json=body,
+                                       headers={"timeout": "5"}, timeout=30)
+            assert response.status_code == 400
+            assert response.json()["error"] == "Header 'timeout' is reserved for Triton usage and cannot be forwarded."
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
