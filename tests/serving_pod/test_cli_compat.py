@@ -68,11 +68,11 @@ def test_every_tritonserver_flag_is_accepted():
     (["--model-config-name=../etc"], "invalid --model-config-name '../etc'"),
     (["--http-thread-count=0"], "value must be >= 1"),
 ])
-def test_values_ferry_cannot_honour_exit_2_with_the_reason(argv, message):
-    result = subprocess.run([sys.executable, "-m", "serving_pod.cli", *argv], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 2
-    assert message in result.stderr
+def test_values_ferry_cannot_honour_exit_2_with_the_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        _options(*argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_no_effect_flags_are_logged_at_start(tmp_path):
