@@ -58,11 +58,9 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         #: ``--grpc-header-forward-pattern``: matching metadata becomes request parameters
         self.header_forward = header_forward
 
-    def _decode(self, message: pb.ModelInferRequest, context: Any) -> InferRequest:
-        request = decode_infer_request(message)
-        if self.header_forward is not None:
-            forward_headers(request.parameters, context.invocation_metadata() or (), self.header_forward)
-        return request
+    def _forward(self, request: InferRequest, context: Any) -> None:
+        """``--grpc-header-forward-pattern``: matching metadata becomes request parameters."""
+        forward_headers(request.parameters, context.invocation_metadata() or (), self.header_forward)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.engine.is_live())
@@ -108,7 +106,9 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
     async def ModelInfer(self, request, context):
         try:
-            infer_request = self._decode(request, context)
+            infer_request = decode_infer_request(request)
+            if self.header_forward is not None:
+                self._forward(infer_request, context)
             response = await self.engine.infer(infer_request)
         except ServerError as error:
             await _abort(context, error)
@@ -124,7 +124,9 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
         async def run_one(message: pb.ModelInferRequest) -> None:
             try:
-                infer_request = self._decode(message, context)
+                infer_request = decode_infer_request(message)
+                if self.header_forward is not None:
+                    self._forward(infer_request, context)
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.engine.stream_infer(infer_request):
                     if isinstance(response, ServerError):  # this response failed; the request goes on
