@@ -66,8 +66,8 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Patte
         raise size_error(content_length, limit)
     if forward is None:
         return InferHead(header_length, encoding, accept)
-    forwarded = tuple((key.decode("latin-1"), value.decode("latin-1")) for key, value in headers
-                      if forward.search(key.decode("latin-1")))
+    named = ((key.decode("latin-1"), value) for key, value in headers)
+    forwarded = tuple((name, value.decode("latin-1")) for name, value in named if forward.search(name))
     return InferHead(header_length, encoding, accept, forwarded)
 
 
@@ -234,13 +234,11 @@ def _control_parameters(body: dict[str, Any], action: str) -> dict[str, Any]:
     return params
 
 
-def decode_load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
-    """Load parameters: ``config`` (JSON string) and ``file:<path>`` (base64) overrides."""
+def decode_load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
+    """Load parameters (``_control_parameters``): ``config`` (JSON string) and ``file:<path>`` (base64) overrides."""
     import base64
     import binascii
 
-    if not isinstance(params, dict):
-        raise InvalidArgumentError("load 'parameters' must be a JSON object")
     config = params.get("config")
     if config is not None and not isinstance(config, str):
         config = orjson.dumps(config).decode()
