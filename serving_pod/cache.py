@@ -159,7 +159,7 @@ class CachingScheduler:
         insert_start = time.monotonic_ns()
         if response is not None and response.final:
             self.cache.insert(key, list(response.outputs))
-        self.stats.cache_miss.add(lookup_end - start + time.monotonic_ns() - insert_start)
+        self.stats.record_cache_miss(lookup_end - start + time.monotonic_ns() - insert_start)
         return response
 
 

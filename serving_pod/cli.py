@@ -134,7 +134,7 @@ def default_repository() -> str:
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ServerOptions:
     parser = parser or build_parser()
     engine_extra, server_extra = cli_extensions.apply(parser, args)
-    compat_engine, compat_server, ignored = cli_compat.apply(parser, args)
+    compat_engine, compat_server, ignored, warnings = cli_compat.apply(parser, args)
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
@@ -184,6 +184,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         log_warning=args.log_warning,
         log_error=args.log_error,
         ignored_flags=tuple(ignored),
+        startup_warnings=tuple(warnings),
         **server_extra,
         **compat_server,
     )
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(options)
     if options.ignored_flags:
         logging.getLogger("ferry").info("tritonserver flags accepted with no effect: %s", "; ".join(options.ignored_flags))
+    for warning in options.startup_warnings:
+        logging.getLogger("ferry").warning("%s", warning)
     return run(options, exit_on_error=args.exit_on_error)
 
 

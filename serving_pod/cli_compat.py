@@ -4,7 +4,8 @@ Three kinds, each flag in exactly one table:
 
 * **Applied**: ``--model-config-name`` (``configs/<name>.pbtxt``), ``--reuse-http-port`` and
   ``--reuse-grpc-port`` (SO_REUSEPORT on the listening socket), ``--http-header-forward-pattern`` and
-  ``--grpc-header-forward-pattern`` (matching headers become request parameters, ``core.parameters``).
+  ``--grpc-header-forward-pattern`` (matching headers become request parameters, ``core.parameters``),
+  ``--metrics-config`` (latency counters, summaries and histogram, ``core.latency_metrics``).
 * **No effect in Ferry** (``NO_EFFECT``): tuning knobs for parts Ferry does not have, such as CUDA and pinned
   memory pools, backend shared libraries, repository agents and HTTP threads. Each value is still checked
   in tritonserver's format, and the server logs at start which of them it was given and why they do
@@ -23,6 +24,7 @@ import re
 from typing import Any, Callable
 
 from serving_pod.cli_extensions import number, parse_bool
+from serving_pod.core.latency_metrics import parse_metrics_config
 
 
 def _device_value(kind: type) -> Callable[[str], str]:
@@ -115,8 +117,6 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
                                         "Ferry's gRPC server does not age out connections"),
 }
 
-#: tritonserver's metrics settings at their defaults: the only values Ferry's metrics match
-METRICS_DEFAULTS = {"counter_latencies": "true", "summary_latencies": "false", "histogram_latencies": "false"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,8 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grpc-header-forward-pattern", type=_regex, default="",
         help="gRPC metadata whose name matches this regular expression becomes request parameters")
     add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",
-        help="tritonserver's metrics settings; Ferry's metrics are its defaults ("
-             + ", ".join(f"{k}={v}" for k, v in METRICS_DEFAULTS.items()) + ")")
+        help="tritonserver's latency metrics settings: counter_latencies (default true), summary_latencies, "
+             "histogram_latencies (default false), summary_quantiles=<quantile>:<error>,...")
     for flag, (kind, repeatable, why) in NO_EFFECT.items():
         add(flag, type=kind, default=[] if repeatable else None, action="append" if repeatable else "store",
             help=f"accepted for tritonserver compatibility; no effect: {why}")
@@ -143,24 +143,24 @@ def _dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
-def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """``(engine_fields, server_fields, notes)``; exits (code 2) on a value that needs a missing feature.
+def apply(
+    parser: argparse.ArgumentParser, args: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]]:
+    """``(engine_fields, server_fields, notes, warnings)``; exits (code 2) on a value that needs a missing feature.
 
-    ``notes`` says, for each no-effect flag given, why it does nothing (logged when the server starts).
+    ``notes`` says, for each no-effect flag given, why it does nothing; ``warnings`` names the
+    ``--metrics-config`` settings ignored, as tritonserver logs them (both logged when the server starts).
     """
     for flag, (_, off, lacks) in UNSUPPORTED.items():
         value = getattr(args, _dest(flag))
         if value is not None and not off(value):
             shown = str(value).lower() if isinstance(value, bool) else value
             parser.error(f"{flag}={shown}: not supported ({lacks})")
-    for key, value in args.metrics_config:
-        if METRICS_DEFAULTS.get(key) != value.strip().lower():
-            parser.error(f"--metrics-config {key}={value}: not supported (Ferry's metrics are tritonserver's "
-                         f"defaults: {', '.join(f'{k}={v}' for k, v in METRICS_DEFAULTS.items())})")
+    latency_metrics, warnings = parse_metrics_config(args.metrics_config)
     notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
              if getattr(args, _dest(flag)) not in (None, [])]
-    engine = {"model_config_name": args.model_config_name or ""}
+    engine = {"model_config_name": args.model_config_name or "", "latency_metrics": latency_metrics}
     server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port,
               "http_header_forward": args.http_header_forward_pattern,
               "grpc_header_forward": args.grpc_header_forward_pattern}
-    return engine, server, notes
+    return engine, server, notes, warnings

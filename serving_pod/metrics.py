@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from serving_pod.core.custom_metrics import COUNTER, GAUGE, HISTOGRAM
+from serving_pod.core.latency_metrics import (
+    FIRST_RESPONSE_HELP, FIRST_RESPONSE_HISTOGRAM, SUMMARY_FAMILIES, WindowSummary,
+)
 
 log = logging.getLogger("ferry.metrics")
 
@@ -60,6 +63,14 @@ class InferenceCollector:
             "cache_hit_us": CounterFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=_LABELS),
             "cache_miss_us": CounterFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds", labels=_LABELS),
         }
+        settings = self.engine.options.latency_metrics
+        if not settings.counter_latencies:  # Triton then creates neither the latency nor the cache counters
+            for key in _LATENCY_COUNTERS:
+                del families[key]
+        summaries = {key: Metric(name, text, "summary") for key, name, text in SUMMARY_FAMILIES} \
+            if settings.summary_latencies else {}
+        first_response = Metric(FIRST_RESPONSE_HISTOGRAM, FIRST_RESPONSE_HELP, "histogram") \
+            if settings.histogram_latencies else None
         for model in self.engine.registry.ready_models():
             stats = model.stats
             labels = [stats.name, stats.version]
@@ -68,19 +79,54 @@ class InferenceCollector:
                 families["failure"].add_metric(labels + [reason], count)
             families["count"].add_metric(labels, stats.inference_count)
             families["exec"].add_metric(labels, stats.execution_count)
-            families["request_us"].add_metric(labels, (stats.success.ns + stats.fail.ns) // 1000)
-            families["queue_us"].add_metric(labels, stats.queue.ns // 1000)
-            families["input_us"].add_metric(labels, stats.compute_input.ns // 1000)
-            families["infer_us"].add_metric(labels, stats.compute_infer.ns // 1000)
-            families["output_us"].add_metric(labels, stats.compute_output.ns // 1000)
             families["pending"].add_metric(labels, model.scheduler.pending())
             families["load"].add_metric(labels, stats.load_duration_s)
-            if model.config.response_cache.enable:
-                families["cache_hits"].add_metric(labels, stats.cache_hit.count)
-                families["cache_misses"].add_metric(labels, stats.cache_miss.count)
-                families["cache_hit_us"].add_metric(labels, stats.cache_hit.ns // 1000)
-                families["cache_miss_us"].add_metric(labels, stats.cache_miss.ns // 1000)
+            if settings.counter_latencies:
+                families["request_us"].add_metric(labels, (stats.success.ns + stats.fail.ns) // 1000)
+                families["queue_us"].add_metric(labels, stats.queue.ns // 1000)
+                families["input_us"].add_metric(labels, stats.compute_input.ns // 1000)
+                families["infer_us"].add_metric(labels, stats.compute_infer.ns // 1000)
+                families["output_us"].add_metric(labels, stats.compute_output.ns // 1000)
+                if model.config.response_cache.enable:
+                    families["cache_hits"].add_metric(labels, stats.cache_hit.count)
+                    families["cache_misses"].add_metric(labels, stats.cache_miss.count)
+                    families["cache_hit_us"].add_metric(labels, stats.cache_hit.ns // 1000)
+                    families["cache_miss_us"].add_metric(labels, stats.cache_miss.ns // 1000)
+            latency = stats.latency
+            if latency is None:
+                continue
+            plain = {"model": stats.name, "version": stats.version}
+            for key, summary in latency.summaries.items():
+                _add_summary(summaries[key], plain, summary, latency.quantiles)
+            if first_response is not None and latency.first_response is not None:
+                histogram = latency.first_response
+                _add_histogram(first_response, plain, histogram.count, histogram.total, histogram.cumulative())
         yield from families.values()
+        yield from summaries.values()
+        if first_response is not None:
+            yield first_response
+
+
+#: the families ``counter_latencies=false`` removes
+_LATENCY_COUNTERS = ("request_us", "queue_us", "input_us", "infer_us", "output_us",
+                     "cache_hits", "cache_misses", "cache_hit_us", "cache_miss_us")
+
+
+def _add_summary(metric: Metric, labels: dict[str, str], summary: WindowSummary, quantiles: tuple[float, ...]) -> None:
+    """prometheus-cpp's order: count, sum, then one sample per quantile."""
+    metric.add_sample(f"{metric.name}_count", labels, summary.count)
+    metric.add_sample(f"{metric.name}_sum", labels, summary.total)
+    for quantile, value in zip(quantiles, summary.quantiles(quantiles)):
+        metric.add_sample(metric.name, {**labels, "quantile": _number(quantile)}, value)
+
+
+def _add_histogram(metric: Metric, labels: dict[str, str], count: int, total: float,
+                   buckets: list[tuple[float, int]]) -> None:
+    """prometheus-cpp's order: count, sum, then the cumulative buckets."""
+    metric.add_sample(f"{metric.name}_count", labels, count)
+    metric.add_sample(f"{metric.name}_sum", labels, total)
+    for bound, running in buckets:
+        metric.add_sample(f"{metric.name}_bucket", {**labels, "le": _number(bound)}, running)
 
 
 class CustomMetricsCollector:
@@ -99,12 +145,7 @@ class CustomMetricsCollector:
                 if family.kind != HISTOGRAM:
                     metric.add_sample(family.name, plain, value)
                     continue
-                # prometheus-cpp's order: count, sum, then the cumulative buckets
-                metric.add_sample(f"{family.name}_count", plain, buckets[-1][1])
-                metric.add_sample(f"{family.name}_sum", plain, total)
-                for bound, count in buckets:
-                    le = _number(bound)
-                    metric.add_sample(f"{family.name}_bucket", {**plain, "le": le}, count)
+                _add_histogram(metric, plain, buckets[-1][1], total, buckets)
             yield metric
 
 

@@ -84,3 +84,5 @@ class ServerOptions:
     grpc_header_forward: str = ""
     #: tritonserver flags given that do nothing in Ferry, each with why (``cli_compat``; logged at start)
     ignored_flags: tuple[str, ...] = ()
+    #: settings given that the server ignores (e.g. a ``--metrics-config`` quantile that does not parse)
+    startup_warnings: tuple[str, ...] = ()

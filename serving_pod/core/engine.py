@@ -23,6 +23,7 @@ from serving_pod.core.errors import (
 )
 from serving_pod import classification
 from serving_pod.core.custom_metrics import CustomMetrics
+from serving_pod.core.latency_metrics import LatencyMetricsSettings
 from serving_pod.core import outputs
 from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry
@@ -80,6 +81,8 @@ class EngineOptions:
     trace: TraceConfig = field(default_factory=TraceConfig)
     #: ``--model-config-name``: each model's ``configs/<name>.pbtxt`` where it has one, else ``config.pbtxt``
     model_config_name: str = ""
+    #: ``--metrics-config``: which latency metrics each model version keeps (``core.latency_metrics``)
+    latency_metrics: LatencyMetricsSettings = field(default_factory=LatencyMetricsSettings)
 
 
 class CancelFlag:
@@ -114,6 +117,7 @@ class Engine:
             engine=self,
             default_instance_kind=options.default_instance_kind,
             config_name=options.model_config_name,
+            latency_metrics=options.latency_metrics,
         )
         self.live = False
         self.shutting_down = False
@@ -209,7 +213,17 @@ class Engine:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises ``ServerError``."""
         model, plan, trace = self._admit(request)
-        response = await self._submit(model, request)
+        latency = model.stats.latency
+        if latency is None:
+            response = await self._submit(model, request)
+        else:
+            # the first (and only) response, success or error: Triton's first-response histogram
+            try:
+                response = await self._submit(model, request)
+            except ServerError:
+                latency.responded(time.monotonic_ns() - request.arrival_ns)
+                raise
+            latency.responded(time.monotonic_ns() - request.arrival_ns)
         if response is not None and plan is not None:
             outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)
         if trace is not None:
@@ -298,9 +312,13 @@ class Engine:
 
         task.add_done_callback(failed)
         final = False
+        latency = model.stats.latency  # observes the first response, then None
         try:
             while not final:
                 item, final = await queue.get()
+                if latency is not None and item is not None:
+                    latency.responded(time.monotonic_ns() - request.arrival_ns)
+                    latency = None
                 if isinstance(item, ServerError):
                     final = True
                     raise item

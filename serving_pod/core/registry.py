@@ -30,6 +30,7 @@ from serving_pod.core.errors import (
     unknown_model,
     unknown_version,
 )
+from serving_pod.core.latency_metrics import LatencyMetricsSettings, LatencyRecorder, first_response_buckets
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
 from serving_pod.repository.prepare import backend_settings, prepare_config
@@ -87,8 +88,11 @@ class ModelRegistry:
         engine: Any = None,
         default_instance_kind: str = "KIND_AUTO",
         config_name: str = "",
+        latency_metrics: LatencyMetricsSettings | None = None,
     ) -> None:
         self.repository = repository
+        #: ``--metrics-config``: whether each model version gets a ``LatencyRecorder``
+        self.latency_metrics = latency_metrics or LatencyMetricsSettings()
         #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one
         self.config_name = config_name
         self.autocomplete = autocomplete
@@ -338,6 +342,11 @@ class ModelRegistry:
     ) -> Model:
         stats = ModelStats(config.name, str(version))
         stats.load_duration_s = duration
+        if self.latency_metrics.per_request:
+            stats.latency = LatencyRecorder(
+                self.latency_metrics, cache_enabled=config.response_cache.enable,
+                first_response_buckets=first_response_buckets(config),
+            )
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
         model.model_dir = model_dir
         pool = None

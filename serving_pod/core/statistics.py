@@ -12,7 +12,10 @@ Triton's invariants (perf_analyzer checks them): every successful request adds o
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from serving_pod.core.latency_metrics import LatencyRecorder
 
 
 class Duration:
@@ -51,7 +54,7 @@ class ModelStats:
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer",
         "compute_output", "cache_hit", "cache_miss", "inference_count", "execution_count",
-        "last_inference_ms", "batch_stats", "failures", "pending", "load_duration_s",
+        "last_inference_ms", "batch_stats", "failures", "pending", "load_duration_s", "latency",
     )
 
     def __init__(self, name: str, version: str) -> None:
@@ -72,6 +75,8 @@ class ModelStats:
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self.pending = 0
         self.load_duration_s = 0.0
+        #: summaries and histogram when ``--metrics-config`` turns them on (``core.latency_metrics``)
+        self.latency: LatencyRecorder | None = None
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
@@ -96,12 +101,22 @@ class ModelStats:
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
+        if self.latency is not None:
+            self.latency.success(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
         self.success.add(request_ns)
         self.queue.add(0)
         self.cache_hit.add(lookup_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
+        if self.latency is not None:
+            self.latency.cache_hit(0, lookup_ns)
+
+    def record_cache_miss(self, ns: int) -> None:
+        """Lookup and insertion time of a request the cache did not have."""
+        self.cache_miss.add(ns)
+        if self.latency is not None:
+            self.latency.cache_miss(ns)
 
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
         self.fail.add(request_ns)

@@ -60,7 +60,6 @@ def test_every_tritonserver_flag_is_accepted():
     (["--model-namespacing=true"], "--model-namespacing=true: not supported"),
     (["--model-load-retry-count=3"], "--model-load-retry-count=3: not supported (Ferry does not retry"),
     (["--grpc-max-connection-age=60000"], "--grpc-max-connection-age=60000: not supported"),
-    (["--metrics-config=summary_latencies=true"], "--metrics-config summary_latencies=true: not supported"),
     (["--metrics-config=nonsense"], "invalid setting 'nonsense': expected <setting>=<value>"),
     (["--cuda-memory-pool-byte-size=lots"], "invalid value 'lots': expected <device>:<value>"),
     (["--host-policy=numa"], "invalid --host-policy 'numa'"),

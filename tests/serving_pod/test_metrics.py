@@ -84,3 +84,159 @@ def test_metrics_endpoint_404_elsewhere(threaded_server, tmp_path):
     server = threaded_server([tmp_path])
     response = httpx.get(server.metrics_url.replace("/metrics", "/other"), timeout=10)
     assert response.status_code == 404
+
+
+def _families(server) -> dict[str, object]:
+    return {family.name: family for family in text_string_to_metric_families(httpx.get(server.metrics_url, timeout=10).text)}
+
+
+def _infer(server, protocol: str, model: str, value: float) -> None:
+    module = server.module(protocol)
+    tensor = module.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    server.client(protocol).infer(model, [tensor])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_summaries_and_first_response_histogram_with_metrics_config(threaded_server, tmp_path, protocol):
+    """``summary_latencies=true`` / ``histogram_latencies=true``: Triton's families, fed per request."""
+    from serving_pod.core.latency_metrics import LatencyMetricsSettings
+
+    write_model(tmp_path, "timed", test_model_config("timed", extra="""
+        parameters { key: "fail_on_value" value { string_value: "7" } }
+        model_metrics { metric_control [ { metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+                                          histogram_options { buckets: [ 0, 10000 ] } } ] }"""))
+    settings = LatencyMetricsSettings(summary_latencies=True, histogram_latencies=True,
+                                      summary_quantiles=((0.5, 0.05), (0.9, 0.01), (0.99, 0.001)))
+    server = threaded_server([tmp_path], latency_metrics=settings)
+    raw = httpx.get(server.metrics_url, timeout=10).text
+    assert "# TYPE nv_inference_request_summary_us summary" in raw
+    assert "# TYPE nv_inference_first_response_histogram_ms histogram" in raw
+    for _ in range(6):
+        _infer(server, protocol, "timed", 1.0)
+    with pytest.raises(InferenceServerException):  # fails in the model: a response (an error), no success
+        _infer(server, protocol, "timed", 7.0)
+    module = server.module(protocol)
+    wrong = module.InferInput("INPUT0", [1, 3], "FP32")
+    wrong.set_data_from_numpy(np.ones((1, 3), np.float32))
+    with pytest.raises(InferenceServerException):  # refused before the model: no response from it at all
+        server.client(protocol).infer("timed", [wrong])
+
+    samples = _scrape(server)
+    labels = _model("timed")
+    for name in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        family = f"nv_inference_{name}_summary_us"
+        assert samples[(f"{family}_count", labels)] == 6, family  # successes only, as Triton's stats
+        # the counter floors the total, the summary each observation: apart by less than one per request
+        counter = samples[(f"nv_inference_{name}_duration_us", labels)]
+        assert 0 <= counter - samples[(f"{family}_sum", labels)] < 7 or name == "request", family
+        quantiles = [samples[(family, tuple(sorted(labels + (("quantile", q),))))] for q in ("0.5", "0.9", "0.99")]
+        assert quantiles == sorted(quantiles) and all(v >= 0 for v in quantiles), family
+    # the request counter also holds failures' time; the summary only successes'
+    assert samples[("nv_inference_request_summary_us_sum", labels)] <= samples[("nv_inference_request_duration_us", labels)]
+    assert samples[("nv_inference_request_summary_us", tuple(sorted(labels + (("quantile", "0.99"),))))] > 0
+    # the model's own buckets (0 and 10000 ms); the model failure counts, the refused request does not
+    histogram = "nv_inference_first_response_histogram_ms"
+    assert samples[(f"{histogram}_count", labels)] == 7
+    buckets = {dict(k[1])["le"]: v for k, v in samples.items() if k[0] == f"{histogram}_bucket" and ("model", "timed") in k[1]}
+    assert buckets == {"0": 7, "10000": 7, "+Inf": 7}
+    assert ("nv_cache_hit_summary_per_model_count", labels) not in samples  # no cache on this model
+
+
+def test_counter_latencies_false_drops_the_duration_counters(threaded_server, tmp_path):
+    from serving_pod.core.latency_metrics import LatencyMetricsSettings
+
+    write_model(tmp_path, "plain", test_model_config("plain"))
+    server = threaded_server([tmp_path], latency_metrics=LatencyMetricsSettings(counter_latencies=False))
+    _infer(server, "http", "plain", 1.0)
+    families = _families(server)
+    assert "nv_inference_request_duration_us" not in families and "nv_inference_queue_duration_us" not in families
+    assert _scrape(server)[("nv_inference_request_success", _model("plain"))] == 1
+    assert not any(name.endswith("_summary_us") or "histogram" in name for name in families)
+
+
+def test_default_metrics_have_no_summaries_or_histograms(threaded_server, tmp_path):
+    write_model(tmp_path, "plain", test_model_config("plain"))
+    server = threaded_server([tmp_path])
+    _infer(server, "http", "plain", 1.0)
+    families = _families(server)
+    assert "nv_inference_request_duration_us" in families
+    assert not any("summary" in name or "first_response" in name for name in families)
+    assert server.engine.registry.get("plain", "").stats.latency is None  # nothing per request either
+
+
+def _triton_families(repository, flags: list[str]) -> dict[str, object]:
+    """Start NVIDIA Triton 2.51 on ``repository`` with ``flags``, send 3 requests, return its scrape."""
+    import subprocess
+    import time
+
+    import tritonclient.http as httpclient
+
+    from support.server import free_ports
+    from support.triton import triton_args, triton_or_skip
+
+    triton = triton_or_skip()
+    http, grpc, metrics = free_ports(3)
+    args = triton_args([repository], ["double_py"], http_port=http, grpc_port=grpc, metrics_port=metrics)
+    proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=5", *flags), env=triton.env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "Triton did not become ready"
+            time.sleep(0.1)
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        for _ in range(3):
+            client.infer("double_py", [tensor])
+        client.close()
+        text = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _shape(family) -> tuple:
+    """What a dashboard sees of a family: its type, help, and each sample's name and labels (not values)."""
+    samples = sorted((s.name, tuple(sorted(s.labels.items()))) for s in family.samples)
+    return family.type, family.documentation, samples
+
+
+def test_latency_metric_families_match_nvidia_tritons(threaded_server, tmp_path):
+    """The same ``--metrics-config`` on Triton 2.51 and Ferry, the same model: identical per-model families."""
+    import shutil
+    from pathlib import Path
+
+    from serving_pod.core.latency_metrics import parse_metrics_config
+
+    repository = tmp_path / "repo"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "double_py",
+                    repository / "double_py", ignore=shutil.ignore_patterns("__pycache__"))
+    flags = ["--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001"]
+    triton = _triton_families(repository, flags)
+    settings, warnings = parse_metrics_config(flag.split("=", 1)[1].split("=", 1) for flag in flags)
+    assert warnings == []
+    server = threaded_server([repository], latency_metrics=settings)
+    for _ in range(3):
+        module = server.module("http")
+        tensor = module.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        server.client("http").infer("double_py", [tensor])
+    ferry = _families(server)
+    per_model = sorted(name for name in triton if name.startswith("nv_inference_"))
+    assert [name for name in per_model if name.endswith("_summary_us")] == sorted(
+        f"nv_inference_{n}_summary_us" for n in ("request", "queue", "compute_input", "compute_infer", "compute_output"))
+    assert sorted(name for name in ferry if name.startswith("nv_inference_")) == per_model
+    for name in per_model:
+        assert _shape(ferry[name]) == _shape(triton[name]), name

@@ -1,0 +1,279 @@
+"""Triton's optional latency metrics: summaries and the first-response histogram, per model version.
+
+``--metrics-config`` switches them as tritonserver does (``MetricReporterConfig::ParseConfig`` in Triton's
+core): ``counter_latencies=false`` drops the cumulative ``nv_inference_*_duration_us`` counters (and the
+cache counters), ``summary_latencies=true`` adds the ``nv_inference_*_summary_us`` summaries (and
+``nv_cache_{hit,miss}_summary_per_model`` for models with the response cache), ``histogram_latencies=true``
+adds ``nv_inference_first_response_histogram_ms``, and ``summary_quantiles=<q>:<error>,...`` sets the
+quantiles. Only the exact words ``true`` / ``false`` switch a setting, as in Triton.
+
+Values are Triton's: summaries observe whole microseconds (``ns // 1000``) per request, the histogram whole
+milliseconds from the request's arrival to its first response (success or error, after validation). Its
+buckets are 100, 500, 2000 and 5000 ms unless the model config's ``model_metrics`` gives others for
+``nv_inference_first_response_histogram_ms``.
+
+Summary quantiles cover a sliding window as prometheus-cpp's do (60 s, five age buckets of 12 s: the oldest
+live bucket holds the last 48 to 60 s); ``_count`` and ``_sum`` cover the whole life of the model version.
+prometheus-cpp estimates quantiles with CKMS within the configured rank error; here each 12 s bucket keeps
+the observed values themselves, so quantiles are exact (nearest rank) up to ``SAMPLE_CAP`` observations per
+bucket and a uniform sample of them beyond (rank error about 1e-4 at the cap), which bounds memory at
+``SAMPLE_CAP`` values per bucket. Observation costs an append on the event loop thread; quantiles are
+computed at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+log = logging.getLogger("ferry.metrics")
+
+#: Triton's default ``summary_quantiles`` ({quantile, rank error} pairs)
+DEFAULT_QUANTILES: tuple[tuple[float, float], ...] = (
+    (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001),
+)
+FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+#: Triton's default bucket bounds of the first-response histogram (milliseconds)
+DEFAULT_FIRST_RESPONSE_BUCKETS: tuple[float, ...] = (100, 500, 2000, 5000)
+#: prometheus-cpp's Summary defaults
+MAX_AGE_S = 60.0
+AGE_BUCKETS = 5
+#: observed values kept per summary per age bucket; a uniform sample beyond
+SAMPLE_CAP = 16384
+
+#: (key in ``LatencyRecorder.summaries``, family name, help text) in Triton's order
+SUMMARY_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("request", "nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)"),
+    ("queue", "nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    ("compute_input", "nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("compute_infer", "nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("compute_output", "nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+    ("cache_hit", "nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds."),
+    ("cache_miss", "nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds."),
+)
+FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyMetricsSettings:
+    """The latency-metric switches of ``--metrics-config`` (tritonserver's defaults)."""
+
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    histogram_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+
+    @property
+    def per_request(self) -> bool:
+        """Whether each model version needs a ``LatencyRecorder``."""
+        return self.summary_latencies or self.histogram_latencies
+
+
+def parse_metrics_config(pairs: Iterable[tuple[str, str]]) -> tuple[LatencyMetricsSettings, list[str]]:
+    """Settings from ``--metrics-config`` (setting, value) pairs, and a warning for each one ignored.
+
+    Like Triton: only ``false`` turns counters off and only ``true`` turns the others on; a quantile pair
+    that does not parse is skipped with a warning, and a list with no valid pair keeps the defaults.
+    """
+    switches = {"counter_latencies": True, "summary_latencies": False, "histogram_latencies": False}
+    quantiles = DEFAULT_QUANTILES
+    warnings: list[str] = []
+    for key, value in pairs:
+        if key == "summary_quantiles":
+            parsed, problems = parse_quantiles(value)
+            warnings.extend(problems)
+            if parsed:
+                quantiles = parsed
+        elif key not in switches:
+            warnings.append(f"--metrics-config {key}={value}: unknown setting, ignored")
+        else:
+            # the default stays unless the value is exactly the other word
+            switches[key] = value != "false" if key == "counter_latencies" else value == "true"
+            if value not in ("true", "false"):
+                warnings.append(f"--metrics-config {key}={value}: neither 'true' nor 'false', so {key} is "
+                                f"{'true' if switches[key] else 'false'}")
+    counters, summaries, histograms = switches.values()
+    return LatencyMetricsSettings(counters, summaries, histograms, quantiles), warnings
+
+
+def parse_quantiles(text: str) -> tuple[tuple[tuple[float, float], ...], list[str]]:
+    """``"0.5:0.05,0.9:0.01"`` -> ((0.5, 0.05), (0.9, 0.01)) and a message per pair skipped."""
+    pairs: list[tuple[float, float]] = []
+    problems: list[str] = []
+    for item in text.split(","):
+        quantile, sep, error = item.partition(":")
+        if not sep:
+            problems.append(f"summary_quantiles: invalid option [{item}]. No ':' delimiter found. "
+                            "Expected format is <quantile>:<error>")
+            continue
+        try:
+            q, e = float(quantile), float(error)
+        except ValueError:
+            problems.append(f"summary_quantiles: invalid option [{item}]: not two numbers")
+            continue
+        if not (0.0 <= q <= 1.0 and 0.0 <= e <= 1.0):
+            problems.append(f"summary_quantiles: invalid option [{item}]: quantile and error must be in [0, 1]")
+            continue
+        pairs.append((q, e))
+    return tuple(pairs), problems
+
+
+class WindowSummary:
+    """One summary: lifetime count and sum, quantiles over the last ``MAX_AGE_S`` (module docstring)."""
+
+    __slots__ = ("count", "total", "_clock", "_width", "_starts", "_values", "_seen", "_random")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, seed: int | None = None) -> None:
+        self.count = 0
+        self.total = 0.0
+        self._clock = clock
+        self._width = MAX_AGE_S / AGE_BUCKETS
+        #: live age buckets, oldest first: start time, kept values, observations seen
+        self._starts: list[float] = []
+        self._values: list[array] = []
+        self._seen: list[int] = []
+        self._random = random.Random(seed)
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        now = self._clock()
+        starts = self._starts
+        if not starts or now >= starts[-1] + self._width:
+            self._rotate(now)
+        values = self._values[-1]
+        seen = self._seen[-1] + 1
+        self._seen[-1] = seen
+        if seen <= SAMPLE_CAP:
+            values.append(value)
+        else:  # reservoir sampling: every observation of the bucket is kept with the same chance
+            slot = self._random.randrange(seen)
+            if slot < SAMPLE_CAP:
+                values[slot] = value
+
+    def _rotate(self, now: float) -> None:
+        start = now if not self._starts else self._starts[-1] + self._width * ((now - self._starts[-1]) // self._width)
+        self._starts.append(start)
+        self._values.append(array("d"))
+        self._seen.append(0)
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self._starts and self._starts[0] + MAX_AGE_S <= now:
+            del self._starts[0], self._values[0], self._seen[0]
+
+    def quantiles(self, wanted: Iterable[float]) -> list[float]:
+        """The value at each quantile over the window (nearest rank); NaN for an empty window."""
+        self._expire(self._clock())
+        parts = [(np.frombuffer(v, dtype=np.float64), seen / len(v)) for v, seen in zip(self._values, self._seen) if v]
+        if not parts:
+            return [math.nan for _ in wanted]
+        values = np.concatenate([p[0] for p in parts])
+        weights = np.concatenate([np.full(len(p[0]), p[1]) for p in parts])
+        order = np.argsort(values, kind="stable")
+        values = values[order]
+        cumulative = np.cumsum(weights[order])
+        total = cumulative[-1]
+        last = len(values) - 1
+        out = []
+        for q in wanted:
+            # (1 - 1e-12): 0.9 * 10 is 9.000000000000002, whose nearest rank is still the 9th
+            index = int(np.searchsorted(cumulative, q * total * (1 - 1e-12), side="left"))
+            out.append(float(values[min(index, last)]))
+        return out
+
+
+class Histogram:
+    """A cumulative histogram with fixed upper bounds (prometheus-cpp's ``Histogram``)."""
+
+    __slots__ = ("bounds", "counts", "count", "total")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(sorted(set(float(b) for b in bounds)))
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) for every bound, then +Inf."""
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class LatencyRecorder:
+    """The summaries and histogram of one model version; ``ModelStats`` feeds it when it exists."""
+
+    __slots__ = ("summaries", "first_response", "quantiles", "_request")
+
+    def __init__(self, settings: LatencyMetricsSettings, *, cache_enabled: bool = False,
+                 first_response_buckets: Iterable[float] = DEFAULT_FIRST_RESPONSE_BUCKETS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.quantiles = tuple(q for q, _ in settings.summary_quantiles)
+        self.summaries: dict[str, WindowSummary] = {}
+        if settings.summary_latencies:
+            keys = ["queue", "compute_input", "compute_infer", "compute_output"]
+            # Triton leaves the request summary out for a model with the response cache (its DLIS-4762)
+            keys = (["cache_hit", "cache_miss"] + keys) if cache_enabled else (["request"] + keys)
+            self.summaries = {key: WindowSummary(clock) for key in keys}
+        self._request = self.summaries.get("request")
+        self.first_response = Histogram(first_response_buckets) if settings.histogram_latencies else None
+
+    def success(self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        summaries = self.summaries
+        if not summaries:
+            return
+        if self._request is not None:
+            self._request.observe(request_ns // 1000)
+        summaries["queue"].observe(queue_ns // 1000)
+        summaries["compute_input"].observe(input_ns // 1000)
+        summaries["compute_infer"].observe(infer_ns // 1000)
+        summaries["compute_output"].observe(output_ns // 1000)
+
+    def cache_hit(self, queue_ns: int, lookup_ns: int) -> None:
+        if self.summaries:
+            self.summaries["queue"].observe(queue_ns // 1000)
+            self.summaries["cache_hit"].observe(lookup_ns // 1000)
+
+    def cache_miss(self, ns: int) -> None:
+        summary = self.summaries.get("cache_miss")
+        if summary is not None:
+            summary.observe(ns // 1000)
+
+    def responded(self, since_arrival_ns: int) -> None:
+        """A request's first response, ``since_arrival_ns`` after it arrived."""
+        if self.first_response is not None:
+            self.first_response.observe(since_arrival_ns // 1_000_000)
+
+
+def first_response_buckets(config: Any) -> tuple[float, ...]:
+    """The model config's ``model_metrics`` buckets for the first-response histogram, else Triton's defaults."""
+    buckets: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS
+    for control in config.model_metrics.metric_control:
+        family = control.metric_identifier.family
+        if family == FIRST_RESPONSE_HISTOGRAM:
+            buckets = tuple(control.histogram_options.buckets)
+        else:
+            log.warning("model '%s': metric family '%s' in 'metric_identifier' is not a customizable metric",
+                        config.name, family)
+    return buckets
