@@ -54,6 +54,20 @@ def test_every_tritonserver_flag_is_accepted():
     assert _options().ignored_flags == ()
 
 
+def test_metrics_config_reaches_the_engine():
+    """Applied (``core.latency_metrics``): each setting in tritonserver's words; the ones ignored are warned of."""
+    from serving_pod.core.latency_metrics import LatencyMetricsSettings
+
+    assert _options().engine.latency_metrics == LatencyMetricsSettings()
+    options = _options("--metrics-config=summary_latencies=true", "--metrics-config", "counter_latencies=false",
+                       "--metrics-config=histogram_latencies=true", "--metrics-config=summary_quantiles=0.9:0.01")
+    assert options.engine.latency_metrics == LatencyMetricsSettings(False, True, True, ((0.9, 0.01),))
+    assert options.startup_warnings == ()
+    options = _options("--metrics-config=summary_latencies=yes", "--metrics-config=summary_quantiles=0.9")
+    assert options.engine.latency_metrics == LatencyMetricsSettings()
+    assert len(options.startup_warnings) == 2 and "summary_latencies=yes" in options.startup_warnings[0]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--allow-sagemaker=true"], "--allow-sagemaker=true: not supported (Ferry has no SageMaker endpoint)"),
     (["--allow-vertex-ai=1"], "--allow-vertex-ai=true: not supported (Ferry has no Vertex AI endpoint)"),
@@ -81,7 +95,8 @@ def test_no_effect_flags_are_logged_at_start(tmp_path):
     http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "serving_pod.cli", f"--model-repository={tmp_path}", f"--http-port={http}",
-         f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-thread-count=8", "--backend-directory=/x"],
+         f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-thread-count=8", "--backend-directory=/x",
+         "--metrics-config=summary_quantiles=0.9"],
         stderr=subprocess.PIPE, text=True)
     try:
         line = ""
@@ -90,6 +105,9 @@ def test_no_effect_flags_are_logged_at_start(tmp_path):
             assert line, "the server exited without the note"
         assert "--backend-directory (no effect: the backends are built into Ferry)" in line
         assert "--http-thread-count (no effect: HTTP requests run on the event loop" in line
+        # then each --metrics-config setting ignored, as tritonserver logs them
+        line = proc.stderr.readline() if proc.stderr else ""
+        assert "summary_quantiles: invalid option [0.9]. No ':' delimiter found" in line
     finally:
         proc.terminate()
         proc.wait(timeout=30)
