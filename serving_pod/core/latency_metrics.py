@@ -132,53 +132,82 @@ def parse_quantiles(text: str) -> tuple[tuple[tuple[float, float], ...], list[st
 
 
 class WindowSummary:
-    """One summary: lifetime count and sum, quantiles over the last ``MAX_AGE_S`` (module docstring)."""
+    """One summary: lifetime count and sum, quantiles over the last ``MAX_AGE_S`` (module docstring).
 
-    __slots__ = ("count", "total", "_clock", "_width", "_starts", "_values", "_seen", "_random")
+    ``observe`` reads the clock itself; ``LatencyRecorder`` reads it once per request instead and calls
+    ``rotate_if_due`` then ``add`` on each of its summaries.
+    """
+
+    __slots__ = ("count", "total", "_clock", "_starts", "_values", "_seen", "_current", "_current_seen",
+                 "_next_start", "_random")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, seed: int | None = None) -> None:
         self.count = 0
         self.total = 0.0
         self._clock = clock
-        self._width = MAX_AGE_S / AGE_BUCKETS
-        #: live age buckets, oldest first: start time, kept values, observations seen
+        #: closed age buckets still in the window, oldest first: start time, kept values, observations seen
         self._starts: list[float] = []
         self._values: list[array] = []
         self._seen: list[int] = []
+        #: the open bucket (its start is ``_next_start - width``)
+        self._current = array("d")
+        self._current_seen = 0
+        self._next_start = -math.inf  # the first observation opens a bucket
         self._random = random.Random(seed)
 
     def observe(self, value: float) -> None:
+        self.rotate_if_due(self._clock())
+        self.add(value)
+
+    def rotate_if_due(self, now: float) -> None:
+        if now < self._next_start:
+            return
+        width = MAX_AGE_S / AGE_BUCKETS
+        if self._next_start == -math.inf:
+            start = now
+        else:  # the open bucket closes; the new one starts on the grid of the first
+            self._starts.append(self._next_start - width)
+            self._values.append(self._current)
+            self._seen.append(self._current_seen)
+            start = self._next_start + width * ((now - self._next_start) // width)
+        self._current = array("d")
+        self._current_seen = 0
+        self._next_start = start + width
+        self._expire(now)
+
+    def add(self, value: float) -> None:
+        """One observation in the open bucket (``rotate_if_due`` called for the current time)."""
         self.count += 1
         self.total += value
-        now = self._clock()
-        starts = self._starts
-        if not starts or now >= starts[-1] + self._width:
-            self._rotate(now)
-        values = self._values[-1]
-        seen = self._seen[-1] + 1
-        self._seen[-1] = seen
+        seen = self._current_seen = self._current_seen + 1
         if seen <= SAMPLE_CAP:
-            values.append(value)
+            self._current.append(value)
         else:  # reservoir sampling: every observation of the bucket is kept with the same chance
-            slot = self._random.randrange(seen)
+            slot = int(self._random.random() * seen)
             if slot < SAMPLE_CAP:
-                values[slot] = value
-
-    def _rotate(self, now: float) -> None:
-        start = now if not self._starts else self._starts[-1] + self._width * ((now - self._starts[-1]) // self._width)
-        self._starts.append(start)
-        self._values.append(array("d"))
-        self._seen.append(0)
-        self._expire(now)
+                self._current[slot] = value
 
     def _expire(self, now: float) -> None:
         while self._starts and self._starts[0] + MAX_AGE_S <= now:
             del self._starts[0], self._values[0], self._seen[0]
 
+    @property
+    def next_rotation(self) -> float:
+        """When the open age bucket closes."""
+        return self._next_start
+
+    def kept(self) -> int:
+        """Values held in memory (at most ``SAMPLE_CAP`` per age bucket)."""
+        return sum(map(len, self._values)) + len(self._current)
+
     def quantiles(self, wanted: Iterable[float]) -> list[float]:
         """The value at each quantile over the window (nearest rank); NaN for an empty window."""
-        self._expire(self._clock())
-        parts = [(np.frombuffer(v, dtype=np.float64), seen / len(v)) for v, seen in zip(self._values, self._seen) if v]
+        now = self._clock()
+        self._expire(now)
+        buckets = list(zip(self._values, self._seen))
+        if now < self._next_start + MAX_AGE_S - MAX_AGE_S / AGE_BUCKETS:  # the open bucket is in the window
+            buckets.append((self._current, self._current_seen))
+        parts = [(np.frombuffer(v, dtype=np.float64), seen / len(v)) for v, seen in buckets if v]
         if not parts:
             return [math.nan for _ in wanted]
         values = np.concatenate([p[0] for p in parts])
@@ -224,7 +253,8 @@ class Histogram:
 class LatencyRecorder:
     """The summaries and histogram of one model version; ``ModelStats`` feeds it when it exists."""
 
-    __slots__ = ("summaries", "first_response", "quantiles", "_request")
+    __slots__ = ("summaries", "first_response", "quantiles", "_clock", "_due", "_request", "_queue", "_input",
+                 "_infer", "_output")
 
     def __init__(self, settings: LatencyMetricsSettings, *, cache_enabled: bool = False,
                  first_response_buckets: Iterable[float] = DEFAULT_FIRST_RESPONSE_BUCKETS,
@@ -236,19 +266,29 @@ class LatencyRecorder:
             # Triton leaves the request summary out for a model with the response cache (its DLIS-4762)
             keys = (["cache_hit", "cache_miss"] + keys) if cache_enabled else (["request"] + keys)
             self.summaries = {key: WindowSummary(clock) for key in keys}
-        self._request = self.summaries.get("request")
         self.first_response = Histogram(first_response_buckets) if settings.histogram_latencies else None
+        self._clock = clock
+        #: the soonest any summary's age bucket closes: one clock read per request, no per-summary checks
+        self._due = -math.inf
+        get = self.summaries.get
+        self._request, self._queue, self._input = get("request"), get("queue"), get("compute_input")
+        self._infer, self._output = get("compute_infer"), get("compute_output")
 
     def success(self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         summaries = self.summaries
         if not summaries:
             return
+        now = self._clock()
+        if now >= self._due:
+            for summary in summaries.values():
+                summary.rotate_if_due(now)
+            self._due = min(summary.next_rotation for summary in summaries.values())
         if self._request is not None:
-            self._request.observe(request_ns // 1000)
-        summaries["queue"].observe(queue_ns // 1000)
-        summaries["compute_input"].observe(input_ns // 1000)
-        summaries["compute_infer"].observe(infer_ns // 1000)
-        summaries["compute_output"].observe(output_ns // 1000)
+            self._request.add(request_ns // 1000)
+        self._queue.add(queue_ns // 1000)  # type: ignore[union-attr]  # present whenever summaries are
+        self._input.add(input_ns // 1000)  # type: ignore[union-attr]
+        self._infer.add(infer_ns // 1000)  # type: ignore[union-attr]
+        self._output.add(output_ns // 1000)  # type: ignore[union-attr]
 
     def cache_hit(self, queue_ns: int, lookup_ns: int) -> None:
         if self.summaries:
