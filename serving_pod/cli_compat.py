@@ -5,7 +5,8 @@ Three kinds, each flag in exactly one table:
 * **Applied**: ``--model-config-name`` (``configs/<name>.pbtxt``), ``--reuse-http-port`` and
   ``--reuse-grpc-port`` (SO_REUSEPORT on the listening socket), ``--http-header-forward-pattern`` and
   ``--grpc-header-forward-pattern`` (matching headers become request parameters, ``core.parameters``),
-  ``--metrics-config`` (latency counters, summaries and histogram, ``core.latency_metrics``).
+  ``--metrics-config`` (latency counters, summaries and histogram, ``core.latency_metrics``),
+  ``--model-load-retry-count`` (a version whose instances fail to load is tried again, ``core.registry``).
 * **No effect in Ferry** (``NO_EFFECT``): tuning knobs for parts Ferry does not have, such as CUDA and pinned
   memory pools, backend shared libraries, repository agents and HTTP threads. Each value is still checked
   in tritonserver's format, and the server logs at start which of them it was given and why they do
@@ -111,7 +112,6 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
     "--allow-vertex-ai": (parse_bool, lambda v: v is False, "Ferry has no Vertex AI endpoint"),
     "--model-namespacing": (parse_bool, lambda v: v is False,
                             "Ferry does not namespace models by repository: names must be unique"),
-    "--model-load-retry-count": (number(int), lambda v: v == 0, "Ferry does not retry failed model loads"),
     "--grpc-max-connection-age": (number(int), lambda v: False, "Ferry's gRPC server does not age out connections"),
     "--grpc-max-connection-age-grace": (number(int), lambda v: False,
                                         "Ferry's gRPC server does not age out connections"),
@@ -129,6 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP headers whose (lower-case) name matches this regular expression become request parameters")
     add("--grpc-header-forward-pattern", type=_regex, default="",
         help="gRPC metadata whose name matches this regular expression becomes request parameters")
+    add("--model-load-retry-count", type=number(int), default=0,
+        help="further attempts at creating a model version's instances when one fails (default 0)")
     add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",
         help="tritonserver's latency metrics settings: counter_latencies (default true), summary_latencies, "
              "histogram_latencies (default false), summary_quantiles=<quantile>:<error>,...")
@@ -159,7 +161,8 @@ def apply(
     latency_metrics, warnings = parse_metrics_config(args.metrics_config)
     notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
              if getattr(args, _dest(flag)) not in (None, [])]
-    engine = {"model_config_name": args.model_config_name or "", "latency_metrics": latency_metrics}
+    engine = {"model_config_name": args.model_config_name or "", "latency_metrics": latency_metrics,
+              "model_load_retry_count": args.model_load_retry_count}
     server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port,
               "http_header_forward": args.http_header_forward_pattern,
               "grpc_header_forward": args.grpc_header_forward_pattern}

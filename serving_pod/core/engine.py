@@ -83,6 +83,8 @@ class EngineOptions:
     model_config_name: str = ""
     #: ``--metrics-config``: which latency metrics each model version keeps (``core.latency_metrics``)
     latency_metrics: LatencyMetricsSettings = field(default_factory=LatencyMetricsSettings)
+    #: ``--model-load-retry-count``: further attempts at a version whose instances failed to load
+    model_load_retry_count: int = 0
 
 
 class CancelFlag:
@@ -118,6 +120,7 @@ class Engine:
             default_instance_kind=options.default_instance_kind,
             config_name=options.model_config_name,
             latency_metrics=options.latency_metrics,
+            load_retry_count=options.model_load_retry_count,
         )
         self.live = False
         self.shutting_down = False

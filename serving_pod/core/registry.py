@@ -49,11 +49,16 @@ _ENSEMBLE_CHAIN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVa
 
 def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
     for _, _, pools in built:
-        for instance in pools[0] if pools else []:
-            try:
-                instance.close()
-            except Exception:  # one failing finalize must not keep the others open
-                log.exception("closing an instance of a model that failed to load")
+        if pools:
+            _close_all(pools[0])
+
+
+def _close_all(instances: list[Any]) -> None:
+    for instance in instances:
+        try:
+            instance.close()
+        except Exception:  # one failing finalize must not keep the others open
+            log.exception("closing an instance of a model that failed to load")
 
 
 @dataclass
@@ -89,10 +94,13 @@ class ModelRegistry:
         default_instance_kind: str = "KIND_AUTO",
         config_name: str = "",
         latency_metrics: LatencyMetricsSettings | None = None,
+        load_retry_count: int = 0,
     ) -> None:
         self.repository = repository
         #: ``--metrics-config``: whether each model version gets a ``LatencyRecorder``
         self.latency_metrics = latency_metrics or LatencyMetricsSettings()
+        #: ``--model-load-retry-count``: further attempts at creating a version's instances after a failure
+        self.load_retry_count = load_retry_count
         #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one
         self.config_name = config_name
         self.autocomplete = autocomplete
@@ -294,48 +302,58 @@ class ModelRegistry:
             default_instance_kind=self.default_instance_kind,
             config_name=self.config_name,
         )
-        built = []
+        built: list[tuple[mc.ModelConfig, int, Any]] = []
         try:
             for version in versions:
                 if backend_name == "ensemble":
                     built.append((config, version, None))
                     continue
-                settings = backend_settings(self.backend_config, backend_name)
-                backend = get_backend(backend_name, settings)
-                instances, names = [], []
-                # listed before creation so a failing instance or warmup closes the ones made so far
-                built.append((config, version, (instances, names)))
-                for group in config.instance_group:
-                    kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-                    devices = list(group.gpus) or [0]
-                    for device in devices if kind == "KIND_GPU" else [0]:
-                        for index in range(group.count):
-                            instance_name = f"{group.name}_{index}" if kind != "KIND_GPU" else f"{group.name}_{device}_{index}"
-                            context = InstanceContext(
-                                model_name=name,
-                                model_version=str(version),
-                                model_dir=model_dir,
-                                version_dir=model_dir / str(version),
-                                config=config,
-                                name=instance_name,
-                                kind=kind,
-                                device_id=device,
-                                backend_config=settings,
-                                engine=self.engine,
-                            )
-                            instances.append(backend.create_instance(context))
-                            names.append(instance_name)
-                warm_up(config, model_dir, str(version), instances, names)
+                for attempt in range(self.load_retry_count + 1):  # --model-load-retry-count, as Triton
+                    instances: list[Any] = []
+                    names: list[str] = []
+                    try:
+                        self._create_instances(name, model_dir, config, backend_name, version, instances, names)
+                    except Exception as exc:
+                        _close_all(instances)
+                        if attempt == self.load_retry_count:
+                            raise
+                        log.warning("failed to load '%s' version %d (attempt %d of %d), retrying: %s", name, version,
+                                    attempt + 1, self.load_retry_count + 1, exc)
+                        continue
+                    built.append((config, version, (instances, names)))
+                    break
         except Exception:
-            for _, _, pools in built:
-                if pools:
-                    for instance in pools[0]:
-                        try:
-                            instance.close()
-                        except Exception:
-                            pass
+            _close_instances(built)
             raise
         return built
+
+    def _create_instances(self, name: str, model_dir: Path, config: mc.ModelConfig, backend_name: str, version: int,
+                          instances: list[Any], names: list[str]) -> None:
+        """Create and warm up every instance of one version into ``instances`` (filled as they are made, so a
+        failure part-way leaves the caller the ones to close)."""
+        settings = backend_settings(self.backend_config, backend_name)
+        backend = get_backend(backend_name, settings)
+        for group in config.instance_group:
+            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            devices = list(group.gpus) or [0]
+            for device in devices if kind == "KIND_GPU" else [0]:
+                for index in range(group.count):
+                    instance_name = f"{group.name}_{index}" if kind != "KIND_GPU" else f"{group.name}_{device}_{index}"
+                    context = InstanceContext(
+                        model_name=name,
+                        model_version=str(version),
+                        model_dir=model_dir,
+                        version_dir=model_dir / str(version),
+                        config=config,
+                        name=instance_name,
+                        kind=kind,
+                        device_id=device,
+                        backend_config=settings,
+                        engine=self.engine,
+                    )
+                    instances.append(backend.create_instance(context))
+                    names.append(instance_name)
+        warm_up(config, model_dir, str(version), instances, names)
 
     def _assemble(
         self, config: mc.ModelConfig, version: int, pools: Any, duration: float, *, model_dir: Path | None = None

@@ -63,6 +63,7 @@ def test_metrics_config_reaches_the_engine():
                        "--metrics-config=histogram_latencies=true", "--metrics-config=summary_quantiles=0.9:0.01")
     assert options.engine.latency_metrics == LatencyMetricsSettings(False, True, True, ((0.9, 0.01),))
     assert options.startup_warnings == ()
+    assert _options("--model-load-retry-count=3").engine.model_load_retry_count == 3
     options = _options("--metrics-config=summary_latencies=yes", "--metrics-config=summary_quantiles=0.9")
     assert options.engine.latency_metrics == LatencyMetricsSettings()
     assert len(options.startup_warnings) == 2 and "summary_latencies=yes" in options.startup_warnings[0]
@@ -72,7 +73,7 @@ def test_metrics_config_reaches_the_engine():
     (["--allow-sagemaker=true"], "--allow-sagemaker=true: not supported (Ferry has no SageMaker endpoint)"),
     (["--allow-vertex-ai=1"], "--allow-vertex-ai=true: not supported (Ferry has no Vertex AI endpoint)"),
     (["--model-namespacing=true"], "--model-namespacing=true: not supported"),
-    (["--model-load-retry-count=3"], "--model-load-retry-count=3: not supported (Ferry does not retry"),
+    (["--model-load-retry-count=-1"], "value must be >= 0, got -1"),
     (["--grpc-max-connection-age=60000"], "--grpc-max-connection-age=60000: not supported"),
     (["--metrics-config=nonsense"], "invalid setting 'nonsense': expected <setting>=<value>"),
     (["--cuda-memory-pool-byte-size=lots"], "invalid value 'lots': expected <device>:<value>"),

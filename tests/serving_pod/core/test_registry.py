@@ -117,3 +117,61 @@ async def test_later_version_failing_unregisters_the_versions_before_it(
     await handle.engine.load_model("multi")
     assert limiter.registrations() == {R: (1, 1, 4, 4, 4, 4, 4, 4)}
     assert await infer(handle, "multi", 3.0) == 3.0
+
+
+FLAKY_MODEL = '''
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Fails to initialize until its ``succeed_on`` attempt (counted in a file beside it)."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        path = os.path.join(os.path.dirname(__file__), "attempts")
+        attempt = (int(open(path).read()) if os.path.exists(path) else 0) + 1
+        with open(path, "w") as f:
+            f.write(str(attempt))
+        if attempt < int(config["parameters"]["succeed_on"]["string_value"]):
+            raise pb_utils.TritonModelException(f"storage not ready (attempt {attempt})")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())]) for r in requests]
+'''
+
+
+def flaky_model(repository: Path, name: str, succeed_on: int) -> Path:
+    return write_model(repository, name, f"""
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+parameters {{ key: "succeed_on" value {{ string_value: "{succeed_on}" }} }}
+""", files={"1/model.py": FLAKY_MODEL})
+
+
+@pytest.mark.parametrize(("retries", "succeed_on", "attempts", "loads"), [
+    (0, 2, 1, False),  # the default: one attempt, the failure is the load's
+    (2, 3, 3, True),   # the third attempt succeeds
+    (1, 3, 2, False),  # two attempts are not enough: the last failure is reported
+])
+async def test_model_load_retry_count(tmp_path: Path, server_factory, caplog, retries, succeed_on, attempts, loads):
+    """``--model-load-retry-count``: a version whose instances fail is created again, up to N more times."""
+    model_dir = flaky_model(tmp_path, "flaky", succeed_on)
+    handle = await server_factory([tmp_path], model_control_mode="explicit", model_load_retry_count=retries)
+    registry = handle.server.engine.registry
+    if loads:
+        await registry.load("flaky")
+        assert registry.is_ready("flaky")
+        result = await infer(handle, "flaky", 2.0)
+        assert result == 2.0
+    else:
+        with pytest.raises(ModelLoadError, match=f"storage not ready \\(attempt {attempts}\\)"):
+            await registry.load("flaky")
+        assert not registry.is_ready("flaky")
+    assert (model_dir / "1" / "attempts").read_text() == str(attempts)
+    assert caplog.text.count("failed to load 'flaky' version 1 (attempt") == attempts - 1  # one warning per retry
