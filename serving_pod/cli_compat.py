@@ -112,9 +112,6 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
     "--allow-vertex-ai": (parse_bool, lambda v: v is False, "Ferry has no Vertex AI endpoint"),
     "--model-namespacing": (parse_bool, lambda v: v is False,
                             "Ferry does not namespace models by repository: names must be unique"),
-    "--grpc-max-connection-age": (number(int), lambda v: False, "Ferry's gRPC server does not age out connections"),
-    "--grpc-max-connection-age-grace": (number(int), lambda v: False,
-                                        "Ferry's gRPC server does not age out connections"),
 }
 
 

@@ -95,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ms a client must leave between pings when no data is sent, else it earns a strike")
     add("--grpc-http2-max-ping-strikes", type=number(int), default=defaults.max_ping_strikes,
         help="strikes before the connection is closed with GOAWAY ENHANCE_YOUR_CALM (0: no limit)")
+    add("--grpc-max-connection-age", type=number(int), default=defaults.max_connection_age_ms,
+        help="ms after which a connection gets GOAWAY (+-10%%), so clients reconnect (0: never)")
+    add("--grpc-max-connection-age-grace", type=number(int), default=defaults.max_connection_age_grace_ms,
+        help="ms after that GOAWAY before the connection is closed with calls still open (0: waits for them)")
     add("--grpc-infer-allocation-pool-size", type=number(int), default=8,
         help="accepted for tritonserver compatibility (Ferry keeps no response-object pool)")
     add("--grpc-infer-response-compression-level", choices=["none", "low", "med", "high"], default="none",
@@ -169,7 +173,7 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
         "grpc_keepalive": GrpcKeepalive(
             args.grpc_keepalive_time, args.grpc_keepalive_timeout, args.grpc_keepalive_permit_without_calls,
             args.grpc_http2_max_pings_without_data, args.grpc_http2_min_recv_ping_interval_without_data,
-            args.grpc_http2_max_ping_strikes,
+            args.grpc_http2_max_ping_strikes, args.grpc_max_connection_age, args.grpc_max_connection_age_grace,
         ),
         "grpc_response_compression": args.grpc_infer_response_compression_level,
     }

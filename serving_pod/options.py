@@ -20,6 +20,10 @@ class GrpcKeepalive:
     max_pings_without_data: int = 2
     min_recv_ping_interval_without_data_ms: int = 300_000
     max_ping_strikes: int = 2
+    #: ``--grpc-max-connection-age``: GOAWAY a connection this old (+-10% jitter, gRPC core's); 0: never
+    max_connection_age_ms: int = 0
+    #: ``--grpc-max-connection-age-grace``: then close it this long after the GOAWAY; 0: when its calls end
+    max_connection_age_grace_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

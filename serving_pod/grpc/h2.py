@@ -1,7 +1,9 @@
 """Server-side HTTP/2 (RFC 9113) for the native gRPC front end: framing, flow control, HPACK.
 
 Only what a gRPC server needs: no server push, no priorities, no h2c upgrade. Header blocks are decoded and
-built by ``hpack_blocks``; gRPC's keepalive and ping policy (``--grpc-keepalive-*``) is ``pings``.
+built by ``hpack_blocks``; gRPC's keepalive and ping policy (``--grpc-keepalive-*``) is ``pings``. A connection
+older than ``--grpc-max-connection-age`` (+-10%) gets GOAWAY (NO_ERROR, debug data ``max_age``, as gRPC core's
+max_age filter) and closes when its calls end, or ``--grpc-max-connection-age-grace`` later with them cut off.
 ``serving_pod.grpc.native`` puts gRPC on top through the ``StreamHandler`` callbacks.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import socket
 import struct
 from typing import TYPE_CHECKING, Protocol
@@ -105,6 +108,8 @@ class H2Connection(asyncio.Protocol):
                  keepalive: "GrpcKeepalive | None" = None) -> None:
         self._handler_factory = handler_factory
         self.pings = PingPolicy(self, keepalive) if keepalive is not None else None
+        self._keepalive = keepalive
+        self._age_timer: asyncio.TimerHandle | None = None
         self.handler: StreamHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -124,6 +129,7 @@ class H2Connection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future | None = None
         self.closed = False
         self._going_away = False
+        self._goaway_sent = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------------------
 
@@ -131,6 +137,10 @@ class H2Connection(asyncio.Protocol):
         self.transport = transport
         if self.pings is not None:
             self.pings.start()
+        if self._keepalive is not None and self._keepalive.max_connection_age_ms:
+            # gRPC core's max_age: +-10% so that connections opened together do not all end together
+            age_s = self._keepalive.max_connection_age_ms / 1000 * random.uniform(0.9, 1.1)
+            self._age_timer = asyncio.get_running_loop().call_later(age_s, self._aged)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -158,6 +168,8 @@ class H2Connection(asyncio.Protocol):
         self.closed = True
         if self.pings is not None:
             self.pings.stop()
+        if self._age_timer is not None:
+            self._age_timer.cancel()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             self._wake(stream)
@@ -464,14 +476,28 @@ class H2Connection(asyncio.Protocol):
     def send_ping(self, payload: bytes) -> None:
         self._write(frame(PING, 0, 0, payload))
 
-    def goaway(self) -> None:
-        """Graceful close: no new streams, close once the open ones finish."""
-        if self.closed:
+    def goaway(self, debug: bytes = b"") -> None:
+        """Graceful close: no new streams, close once the open ones finish (``debug``: GOAWAY's debug data)."""
+        if self.closed or self._goaway_sent:
             return
-        self._going_away = True
-        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(NO_ERROR)))
+        self._going_away = self._goaway_sent = True
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(NO_ERROR) + debug))
         if not self.streams and self.transport is not None:
             self.transport.close()
+
+    def _aged(self) -> None:
+        """``--grpc-max-connection-age`` reached: GOAWAY; after the grace period (if any) close regardless."""
+        self._age_timer = None
+        if self.closed:
+            return
+        self.goaway(b"max_age")
+        grace = self._keepalive.max_connection_age_grace_ms if self._keepalive is not None else 0
+        if grace and not self.closed:
+            self._age_timer = asyncio.get_running_loop().call_later(grace / 1000, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._age_timer = None
+        self.close(NO_ERROR, "max_age grace period over")  # open calls end as if the client went away
 
     def close(self, code: int, message: str) -> None:
         if self.closed:

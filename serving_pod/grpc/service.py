@@ -290,6 +290,10 @@ def create_server(
             ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive.min_recv_ping_interval_without_data_ms),
             ("grpc.http2.max_ping_strikes", keepalive.max_ping_strikes),
         ]
+        if keepalive.max_connection_age_ms:  # as Triton: only set when given (0 is gRPC's "never")
+            options.append(("grpc.max_connection_age_ms", keepalive.max_connection_age_ms))
+        if keepalive.max_connection_age_grace_ms:
+            options.append(("grpc.max_connection_age_grace_ms", keepalive.max_connection_age_grace_ms))
     if response_compression != "none":
         options.append(("grpc.default_compression_level", {"low": 1, "med": 2, "high": 3}[response_compression]))
     interceptors = []

@@ -74,7 +74,7 @@ def test_metrics_config_reaches_the_engine():
     (["--allow-vertex-ai=1"], "--allow-vertex-ai=true: not supported (Ferry has no Vertex AI endpoint)"),
     (["--model-namespacing=true"], "--model-namespacing=true: not supported"),
     (["--model-load-retry-count=-1"], "value must be >= 0, got -1"),
-    (["--grpc-max-connection-age=60000"], "--grpc-max-connection-age=60000: not supported"),
+    (["--grpc-max-connection-age=-5"], "value must be >= 0, got -5"),
     (["--metrics-config=nonsense"], "invalid setting 'nonsense': expected <setting>=<value>"),
     (["--cuda-memory-pool-byte-size=lots"], "invalid value 'lots': expected <device>:<value>"),
     (["--host-policy=numa"], "invalid --host-policy 'numa'"),

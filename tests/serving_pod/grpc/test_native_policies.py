@@ -15,9 +15,11 @@ import zlib
 
 import h2.events
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException
 
 from serving_pod.cli import build_parser, options_from_args
 from serving_pod.grpc.wire import response_compression
@@ -212,3 +214,112 @@ def test_bad_grpc_flag_values_exit_2(flag, capsys):
         build_parser().parse_args([flag])
     assert exit_info.value.code == 2
     assert flag.split("=")[0] in capsys.readouterr().err
+
+
+# -- connection age (--grpc-max-connection-age, --grpc-max-connection-age-grace) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_repository(tmp_path_factory):
+    path = tmp_path_factory.mktemp("aged")
+    write_model(path, "fp32", test_model_config("fp32"))
+    write_model(path, "slow", test_model_config(
+        "slow", extra='parameters { key: "execute_delay_ms" value { string_value: "800" } }'))
+    return path
+
+
+def _until_closed(client: RawClient, limit_s: float) -> float:
+    started = time.monotonic()
+    client.sock.settimeout(limit_s)
+    while not client.eof:
+        client.receive()
+    return time.monotonic() - started
+
+
+def test_max_connection_age_sends_goaway_and_closes_an_idle_connection(repository):
+    with _connected(repository, grpc_keepalive=GrpcKeepalive(max_connection_age_ms=300)) as (handle, client):
+        elapsed = _until_closed(client, 3)
+        terminated = client.terminated()
+        assert terminated is not None and terminated.error_code == 0 and terminated.additional_data == b"max_age"
+        assert 0.25 <= elapsed < 1.5  # 300 ms +-10%, then closed at once: no call was open
+        fresh = RawClient(handle.server.grpc_port)  # a client that reconnects is served
+        assert fresh.call(grpc_frame(infer_request())).status == 0
+        fresh.close()
+
+
+def _slow_call(port: int) -> tuple[float, object]:
+    """One 800 ms call from tritonclient (python-hyper's h2 ends a connection at GOAWAY; gRPC core drains it)."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), 3.0, np.float32))
+    started = time.monotonic()
+    try:
+        outcome: object = client.infer("slow", [tensor]).as_numpy("OUTPUT0").tolist()
+    except InferenceServerException as error:
+        outcome = error
+    finally:
+        client.close()
+    return time.monotonic() - started, outcome
+
+
+def test_a_call_open_at_max_age_is_answered_before_the_connection_closes(slow_repository):
+    thread = ServerThread(make_options([slow_repository], grpc_keepalive=GrpcKeepalive(max_connection_age_ms=100)))
+    handle = thread.start()
+    try:
+        elapsed, outcome = _slow_call(handle.server.grpc_port)  # the GOAWAY comes at ~100 ms, mid-call
+        assert outcome == [[3.0, 3.0, 3.0, 3.0]] and elapsed >= 0.8
+    finally:
+        thread.stop()
+
+
+def test_max_connection_age_grace_closes_a_connection_with_a_call_still_open(slow_repository):
+    policy = GrpcKeepalive(max_connection_age_ms=100, max_connection_age_grace_ms=200)
+    thread = ServerThread(make_options([slow_repository], grpc_keepalive=policy))
+    handle = thread.start()
+    try:
+        elapsed, outcome = _slow_call(handle.server.grpc_port)
+        assert isinstance(outcome, InferenceServerException) and outcome.status() == "StatusCode.UNAVAILABLE"
+        assert elapsed < 0.7  # GOAWAY at ~100 ms, closed 200 ms later: the 800 ms call is cut off
+        # the server and the model go on: a fresh connection is served
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{handle.server.grpc_port}")
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("fp32", [tensor]).as_numpy("OUTPUT0").tolist() == [[1.0, 1.0, 1.0, 1.0]]
+        client.close()
+    finally:
+        thread.stop()
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_tritonclient_reconnects_across_connection_ages(repository, grpc_server):
+    """What the flag is for: a real gRPC client keeps working, on new connections (spread by a load balancer)."""
+    thread = ServerThread(make_options([repository], grpc_server=grpc_server,
+                                       grpc_keepalive=GrpcKeepalive(max_connection_age_ms=150)))
+    handle = thread.start()
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{handle.server.grpc_port}")
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        port = handle.server.grpc_port
+        started = time.monotonic()
+        answered = 0
+        client_ports = set()  # the client ends of its connections to the server: new ones as old ones age out
+        while time.monotonic() - started < 1.0:  # about 6 connection ages
+            result = client.infer("fp32", [tensor])
+            answered += result.as_numpy("OUTPUT0").tolist() == [[1.0, 1.0, 1.0, 1.0]]
+            client_ports |= {c.laddr.port for c in psutil.net_connections("tcp")
+                             if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+            time.sleep(0.05)
+        assert answered >= 10
+        assert len(client_ports) >= 3, client_ports
+        client.close()
+    finally:
+        thread.stop()
+
+
+def test_connection_age_flags_parse_as_tritonservers():
+    parser = build_parser()
+    options = options_from_args(parser.parse_args(["--grpc-max-connection-age=60000",
+                                                   "--grpc-max-connection-age-grace=5000"]), parser)
+    assert (options.grpc_keepalive.max_connection_age_ms, options.grpc_keepalive.max_connection_age_grace_ms) == (60000, 5000)
+    assert options_from_args(parser.parse_args([]), parser).grpc_keepalive.max_connection_age_ms == 0
