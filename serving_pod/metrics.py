@@ -46,7 +46,7 @@ class InferenceCollector:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        families = {
+        families: dict[str, Any] = {  # CounterFamily and GaugeMetricFamily: both take add_metric(labels, value)
             "success": CounterFamily("nv_inference_request_success", "Number of successful inference requests, all batch sizes", labels=_LABELS),
             "failure": CounterFamily("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", labels=_LABELS + ["reason"]),
             "count": CounterFamily("nv_inference_count", "Number of inferences performed (does not include cached requests)", labels=_LABELS),
