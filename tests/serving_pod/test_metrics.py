@@ -105,7 +105,7 @@ def test_summaries_and_first_response_histogram_with_metrics_config(threaded_ser
     write_model(tmp_path, "timed", test_model_config("timed", extra="""
         parameters { key: "fail_on_value" value { string_value: "7" } }
         model_metrics { metric_control [ { metric_identifier { family: "nv_inference_first_response_histogram_ms" }
-                                          histogram_options { buckets: [ 0, 10000 ] } } ] }"""))
+                                          histogram_options { buckets: [ 1000, 60000 ] } } ] }"""))
     settings = LatencyMetricsSettings(summary_latencies=True, histogram_latencies=True,
                                       summary_quantiles=((0.5, 0.05), (0.9, 0.01), (0.99, 0.001)))
     server = threaded_server([tmp_path], latency_metrics=settings)
@@ -135,11 +135,11 @@ def test_summaries_and_first_response_histogram_with_metrics_config(threaded_ser
     # the request counter also holds failures' time; the summary only successes'
     assert samples[("nv_inference_request_summary_us_sum", labels)] <= samples[("nv_inference_request_duration_us", labels)]
     assert samples[("nv_inference_request_summary_us", tuple(sorted(labels + (("quantile", "0.99"),))))] > 0
-    # the model's own buckets (0 and 10000 ms); the model failure counts, the refused request does not
+    # the model's own buckets (1 s and 60 s); the model failure counts, the refused request does not
     histogram = "nv_inference_first_response_histogram_ms"
     assert samples[(f"{histogram}_count", labels)] == 7
     buckets = {dict(k[1])["le"]: v for k, v in samples.items() if k[0] == f"{histogram}_bucket" and ("model", "timed") in k[1]}
-    assert buckets == {"0": 7, "10000": 7, "+Inf": 7}
+    assert buckets == {"1000": 7, "60000": 7, "+Inf": 7}
     assert ("nv_cache_hit_summary_per_model_count", labels) not in samples  # no cache on this model
 
 
