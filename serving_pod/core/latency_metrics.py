@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from serving_pod.core.errors import ModelLoadError
+
 log = logging.getLogger("ferry.metrics")
 
 #: Triton's default ``summary_quantiles`` ({quantile, rank error} pairs)
@@ -307,12 +309,18 @@ class LatencyRecorder:
 
 
 def first_response_buckets(config: Any) -> tuple[float, ...]:
-    """The model config's ``model_metrics`` buckets for the first-response histogram, else Triton's defaults."""
+    """The model config's ``model_metrics`` buckets for the first-response histogram, else Triton's defaults.
+
+    Bounds are sorted and deduplicated (prometheus-cpp requires sorted ones); NaN or infinity is a load error.
+    """
     buckets: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS
     for control in config.model_metrics.metric_control:
         family = control.metric_identifier.family
         if family == FIRST_RESPONSE_HISTOGRAM:
             buckets = tuple(control.histogram_options.buckets)
+            if not all(math.isfinite(bound) for bound in buckets):
+                raise ModelLoadError(f"model '{config.name}': model_metrics buckets of '{family}' must be finite "
+                                     f"numbers, got {list(buckets)}")
         else:
             log.warning("model '%s': metric family '%s' in 'metric_identifier' is not a customizable metric",
                         config.name, family)

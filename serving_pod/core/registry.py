@@ -360,11 +360,11 @@ class ModelRegistry:
     ) -> Model:
         stats = ModelStats(config.name, str(version))
         stats.load_duration_s = duration
-        if self.latency_metrics.per_request:
-            stats.latency = LatencyRecorder(
-                self.latency_metrics, cache_enabled=config.response_cache.enable,
-                first_response_buckets=first_response_buckets(config),
-            )
+        settings = self.latency_metrics
+        if settings.per_request:
+            buckets = first_response_buckets(config) if settings.histogram_latencies else ()
+            stats.latency = LatencyRecorder(settings, cache_enabled=config.response_cache.enable,
+                                            first_response_buckets=buckets)
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
         model.model_dir = model_dir
         pool = None

@@ -240,3 +240,18 @@ def test_latency_metric_families_match_nvidia_tritons(threaded_server, tmp_path)
     assert sorted(name for name in ferry if name.startswith("nv_inference_")) == per_model
     for name in per_model:
         assert _shape(ferry[name]) == _shape(triton[name]), name
+
+
+def test_non_finite_histogram_buckets_fail_the_load_with_the_reason(threaded_server, tmp_path):
+    from serving_pod.core.latency_metrics import LatencyMetricsSettings
+
+    write_model(tmp_path, "bad", test_model_config("bad", extra="""
+        model_metrics { metric_control [ { metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+                                          histogram_options { buckets: [ 1, inf ] } } ] }"""))
+    write_model(tmp_path, "good", test_model_config("good"))
+    server = threaded_server([tmp_path], latency_metrics=LatencyMetricsSettings(histogram_latencies=True),
+                             strict_readiness=False)
+    index = {m["name"]: m for m in httpx.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()}
+    assert index["bad"]["state"] == "UNAVAILABLE" and "must be finite numbers" in index["bad"]["reason"]
+    assert index["good"]["state"] == "READY"  # the other model and the server go on
+    _infer(server, "http", "good", 1.0)

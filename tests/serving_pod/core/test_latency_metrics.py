@@ -10,6 +10,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core import latency_metrics as lm
+from serving_pod.core.errors import ModelLoadError
 from serving_pod.core.latency_metrics import (
     DEFAULT_QUANTILES,
     Histogram,
@@ -156,3 +157,14 @@ def test_model_metrics_sets_the_buckets(caplog):
     assert first_response_buckets(config) == (1, 2, 4, 8)
     assert "metric family 'nv_other' in 'metric_identifier' is not a customizable metric" in caplog.text
     assert first_response_buckets(mc.ModelConfig(name="plain")) == (100, 500, 2000, 5000)
+
+
+@pytest.mark.parametrize("bound", ["nan", "inf", "-inf"])
+def test_model_metrics_buckets_must_be_finite(bound):
+    config = text_format.Parse(f"""
+        name: "m"
+        model_metrics {{ metric_control [ {{ metric_identifier {{ family: "nv_inference_first_response_histogram_ms" }}
+                                           histogram_options {{ buckets: [ 1, {bound} ] }} }} ] }}""", mc.ModelConfig())
+    with pytest.raises(ModelLoadError, match="model 'm': model_metrics buckets of 'nv_inference_first_response_histogram_ms' "
+                                              "must be finite numbers"):
+        first_response_buckets(config)
