@@ -123,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reuse-http-port", type=parse_bool, default=False, help="SO_REUSEPORT on the HTTP listening socket")
     add("--reuse-grpc-port", type=parse_bool, default=False, help="SO_REUSEPORT on the gRPC listening socket")
     add("--http-header-forward-pattern", type=_regex, default="",
-        help="HTTP headers whose (lower-case) name matches this regular expression become request parameters")
+        help="HTTP headers whose name (as sent) matches this regular expression become request parameters")
     add("--grpc-header-forward-pattern", type=_regex, default="",
         help="gRPC metadata whose name matches this regular expression becomes request parameters")
     add("--model-load-retry-count", type=number(int), default=0,

@@ -72,8 +72,9 @@ def forward_headers(parameters: dict[str, Any], headers: Iterable[tuple[str, Any
     """Add each header whose name ``pattern`` finds (``re.search``, as RE2's PartialMatch; None: every one given)
     to ``parameters``.
 
-    Names are as the protocol delivers them (lower case: uvicorn and HTTP/2 lower them); binary values
-    (gRPC ``-bin`` metadata) are not forwarded. A reserved or ``triton_`` name is an ``InvalidArgumentError``.
+    Names are as the client sent them (HTTP/1.1: ``http.protocol`` keeps them; HTTP/2's are lower case), matched and
+    checked case-sensitively as Triton does; binary values (gRPC ``-bin`` metadata) are not forwarded. A reserved
+    or ``triton_`` name is an ``InvalidArgumentError``.
     """
     for name, value in headers:
         if not isinstance(value, str) or (pattern is not None and not pattern.search(name)):

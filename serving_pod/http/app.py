@@ -35,6 +35,10 @@ class Infers(Protocol):
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
 
+#: ASGI scope extension: the request's header names as sent (``http.protocol`` sets it when headers are forwarded)
+HEADER_NAMES = "ferry.header_names"
+
+
 class InferHead(NamedTuple):
     """What the infer route reads from the request headers."""
 
@@ -45,8 +49,13 @@ class InferHead(NamedTuple):
     forwarded: tuple[tuple[str, str], ...] = ()
 
 
-def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Pattern[str] | None = None) -> InferHead:
-    """The infer route's headers; ``InvalidArgumentError`` on a bad length or a declared body over ``limit``."""
+def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Pattern[str] | None = None,
+               names: list[bytes] | None = None) -> InferHead:
+    """The infer route's headers; ``InvalidArgumentError`` on a bad length or a declared body over ``limit``.
+
+    ``forward`` matches ``names``, the header names as the client sent them (``headers`` has them in lower case,
+    as uvicorn gives them), as Triton matches and forwards them; without ``names``, the lower-case ones.
+    """
     header_length: int | None = None
     encoding = accept = ""
     content_length = -1
@@ -66,7 +75,8 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Patte
         raise size_error(content_length, limit)
     if forward is None:
         return InferHead(header_length, encoding, accept)
-    named = ((key.decode("latin-1"), value) for key, value in headers)
+    raw = names if names is not None and len(names) == len(headers) else [key for key, _ in headers]
+    named = ((name.decode("latin-1"), value) for name, (_, value) in zip(raw, headers))
     forwarded = tuple((name, value.decode("latin-1")) for name, value in named if forward.search(name))
     return InferHead(header_length, encoding, accept, forwarded)
 
@@ -129,7 +139,8 @@ class InferEndpoint:
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
         limit = self.max_input_size
         try:
-            head = infer_head(scope["headers"], limit, self.header_forward)
+            names = scope["extensions"].get(HEADER_NAMES) if self.header_forward and "extensions" in scope else None
+            head = infer_head(scope["headers"], limit, self.header_forward, names)
             body = await read_body(receive, limit)
         except ServerError as error:
             await send_response(send, *error_body(error), [])

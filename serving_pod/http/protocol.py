@@ -29,7 +29,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import ServerError
-from serving_pod.http.app import Answer, InferHead, answer_infer, error_answer, infer_head
+from serving_pod.http.app import HEADER_NAMES, Answer, InferHead, answer_infer, error_answer, infer_head
 from serving_pod.http.compression import size_error
 from serving_pod.http.limits import GuardedHttpToolsProtocol
 
@@ -82,6 +82,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     #: ``--http-header-forward-pattern`` (None: no header becomes a request parameter)
     header_forward: re.Pattern[str] | None = None
     cycle: Any  # uvicorn's RequestResponseCycle, or an InferCycle standing in for it
+    #: the current request's header names as sent (``ForwardingHttpProtocol``; None: not kept)
+    header_names: list[bytes] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,7 +113,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         version = match.group(2)
         try:
-            head = infer_head(self.headers, self.max_input_size, self.header_forward)
+            head = infer_head(self.headers, self.max_input_size, self.header_forward, self.header_names)
         except ServerError as error:
             cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
@@ -208,6 +210,25 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             self.transport.close()
 
 
+class ForwardingHttpProtocol(InferHttpProtocol):
+    """The protocol with ``--http-header-forward-pattern``: also keeps each header name as the client sent it.
+
+    uvicorn lowers header names; Triton matches the pattern against, and forwards, the names as received
+    (``X-Tenant`` stays ``X-Tenant``). Only this class pays for the second list; the ASGI path finds it in the
+    scope's ``extensions`` under ``app.HEADER_NAMES``.
+    """
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.header_names = []
+        extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions[HEADER_NAMES] = self.header_names
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self.header_names.append(name)  # type: ignore[union-attr]
+
+
 def http_protocol(
     *, engine: Engine, max_input_size: int, max_header_bytes: int, read_timeout_s: float,
     restrictions: dict[str, Any] | None = None, header_forward: re.Pattern[str] | None = None,
@@ -221,4 +242,5 @@ def http_protocol(
         "read_timeout_s": read_timeout_s, "direct_infer": "inference" not in (restrictions or {}),
         "header_forward": header_forward,
     }
-    return type("FerryHttpProtocol", (InferHttpProtocol,), settings)
+    base = InferHttpProtocol if header_forward is None else ForwardingHttpProtocol
+    return type("FerryHttpProtocol", (base,), settings)

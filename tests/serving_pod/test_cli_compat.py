@@ -199,15 +199,19 @@ def _http_params(server, path: str, headers: dict[str, str]) -> tuple[int, Any]:
 
 @pytest.mark.parametrize("path", ["/v2/models/echo/infer", "/v2/models/echo/infer?via=asgi"], ids=["direct", "asgi"])
 def test_http_headers_matching_the_pattern_become_parameters(threaded_server, echo_repo, path):
-    server = threaded_server([echo_repo], http_header_forward="^x-")
-    status, params = _http_params(server, path, {"X-Tenant": "acme", "X-Trace": "t1", "Other": "no"})
-    assert status == 200 and params == {"x-tenant": "acme", "x-trace": "t1"}
+    server = threaded_server([echo_repo], http_header_forward="^[Xx]-")
+    status, params = _http_params(server, path, {"X-Tenant": "acme", "x-trace": "t1", "Other": "no"})
+    assert status == 200 and params == {"X-Tenant": "acme", "x-trace": "t1"}  # names as sent, as Triton keeps them
+    # and matched as sent: Triton's pattern is case-sensitive
+    lower = threaded_server([echo_repo], http_header_forward="^x-")
+    assert _http_params(lower, path, {"X-Tenant": "acme", "x-trace": "t1"}) == (200, {"x-trace": "t1"})
     plain = threaded_server([echo_repo])  # no pattern: nothing forwarded
     assert _http_params(plain, path, {"X-Tenant": "acme"}) == (200, {})
     # a header named like a reserved parameter is refused, as Triton does
     everything = threaded_server([echo_repo], http_header_forward=".*")
     status, error = _http_params(everything, path, {"timeout": "5"})
     assert status == 400 and error == "Header 'timeout' is reserved for Triton usage and cannot be forwarded."
+    assert _http_params(everything, path, {"Timeout": "5"})[1]["Timeout"] == "5"  # another name to Triton
 
 
 @pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
