@@ -149,7 +149,7 @@ class WindowSummary:
         self._clock = clock
         #: closed age buckets still in the window, oldest first: start time, kept values, observations seen
         self._starts: list[float] = []
-        self._values: list[array] = []
+        self._values: list[array | np.ndarray] = []  # a closed bucket's array, sorted at the first query after
         self._seen: list[int] = []
         #: the open bucket (its start is ``_next_start - width``)
         self._current = array("d")
@@ -203,28 +203,37 @@ class WindowSummary:
         return sum(map(len, self._values)) + len(self._current)
 
     def quantiles(self, wanted: Iterable[float]) -> list[float]:
-        """The value at each quantile over the window (nearest rank); NaN for an empty window."""
+        """The value at each quantile over the window (nearest rank); NaN for an empty window.
+
+        Runs on the event loop at scrape time, so it stays cheap: a closed bucket is sorted once (its values no
+        longer change), the open one at each call; with every bucket kept whole (no sampling) the ranks index
+        the merged values directly, else each value weighs what its bucket saw per value kept.
+        """
         now = self._clock()
         self._expire(now)
-        buckets = list(zip(self._values, self._seen))
-        if now < self._next_start + MAX_AGE_S - MAX_AGE_S / AGE_BUCKETS:  # the open bucket is in the window
-            buckets.append((self._current, self._current_seen))
-        parts = [(np.frombuffer(v, dtype=np.float64), seen / len(v)) for v, seen in buckets if v]
+        for index, values in enumerate(self._values):
+            if isinstance(values, array):
+                self._values[index] = np.sort(np.frombuffer(values, dtype=np.float64))
+        parts = [(values, seen) for values, seen in zip(self._values, self._seen) if len(values)]
+        if self._current and now < self._next_start + MAX_AGE_S - MAX_AGE_S / AGE_BUCKETS:  # open bucket in the window
+            parts.append((np.sort(np.frombuffer(self._current, dtype=np.float64)), self._current_seen))
+        wanted = list(wanted)
         if not parts:
-            return [math.nan for _ in wanted]
-        values = np.concatenate([p[0] for p in parts])
-        weights = np.concatenate([np.full(len(p[0]), p[1]) for p in parts])
-        order = np.argsort(values, kind="stable")
+            return [math.nan] * len(wanted)
+        # (1 - 1e-12): 0.9 * 10 is 9.000000000000002, whose nearest rank is still the 9th
+        if all(len(values) == seen for values, seen in parts):
+            merged = np.sort(np.concatenate([values for values, _ in parts]))
+            last = len(merged) - 1
+            return [float(merged[min(max(math.ceil(q * len(merged) * (1 - 1e-12)) - 1, 0), last)]) for q in wanted]
+        values = np.concatenate([values for values, _ in parts])
+        weights = np.concatenate([np.full(len(v), seen / len(v)) for v, seen in parts])
+        order = np.argsort(values, kind="stable")  # sorted runs: close to linear
         values = values[order]
         cumulative = np.cumsum(weights[order])
         total = cumulative[-1]
         last = len(values) - 1
-        out = []
-        for q in wanted:
-            # (1 - 1e-12): 0.9 * 10 is 9.000000000000002, whose nearest rank is still the 9th
-            index = int(np.searchsorted(cumulative, q * total * (1 - 1e-12), side="left"))
-            out.append(float(values[min(index, last)]))
-        return out
+        return [float(values[min(int(np.searchsorted(cumulative, q * total * (1 - 1e-12), side="left")), last)])
+                for q in wanted]
 
 
 class Histogram:
