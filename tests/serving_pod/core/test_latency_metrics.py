@@ -168,3 +168,18 @@ def test_model_metrics_buckets_must_be_finite(bound):
     with pytest.raises(ModelLoadError, match="model 'm': model_metrics buckets of 'nv_inference_first_response_histogram_ms' "
                                               "must be finite numbers"):
         first_response_buckets(config)
+
+
+def test_quantiles_follow_new_observations_after_a_query():
+    """A closed bucket is sorted once and kept; the open one is read afresh at every query."""
+    clock = Clock()
+    summary = WindowSummary(clock)
+    for value in (30, 10, 20):
+        summary.observe(value)
+    clock.now += 13  # the first bucket closes at the next observation
+    summary.observe(40)
+    assert summary.quantiles([0.0, 0.5, 1.0]) == [10, 20, 40]
+    for value in (50, 60, 70, 80):
+        summary.observe(value)
+    assert summary.quantiles([0.0, 0.5, 1.0]) == [10, 40, 80]
+    assert summary.kept() == 8
