@@ -4,7 +4,7 @@ Every route decodes -> calls the engine -> encodes, and maps ``ServerError`` thr
 ``core.errors.STATUS_TABLE``. An inference request is answered by ``answer_infer``: straight from the
 connection protocol (``http.protocol``) in the common case, else by ``InferEndpoint``, a plain ASGI
 handler in front of FastAPI that skips the framework's routing and validation. Every other route is
-ordinary FastAPI.
+ordinary FastAPI; the generate extension's two routes map their JSON in ``http.generate``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_infer_request, encode_infer_response
+from serving_pod.http.generate import answer_generate
 from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
 from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
 
@@ -180,6 +181,23 @@ def create_app(
     @app.get("/v2/models/stats")
     async def all_stats() -> Response:
         return json_response({"model_stats": engine.statistics()})
+
+    async def _generate(request: Request, model: str, version: str, streaming: bool) -> Response:
+        status, content_type, body = await answer_generate(
+            engine, await request.body(), model, version, max_input_size, streaming)
+        if isinstance(body, bytes):
+            return Response(body, status_code=status, media_type=content_type.decode())
+        return StreamingResponse(body, status_code=status, media_type=content_type.decode())
+
+    @app.post("/v2/models/{model}/generate")
+    @app.post("/v2/models/{model}/versions/{version}/generate")
+    async def generate(request: Request, model: str, version: str = "") -> Response:
+        return await _generate(request, model, version, streaming=False)
+
+    @app.post("/v2/models/{model}/generate_stream")
+    @app.post("/v2/models/{model}/versions/{version}/generate_stream")
+    async def generate_stream(request: Request, model: str, version: str = "") -> Response:
+        return await _generate(request, model, version, streaming=True)
 
     @app.get("/v2/models/{model}/stats")
     @app.get("/v2/models/{model}/versions/{version}/stats")

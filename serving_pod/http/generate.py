@@ -1,0 +1,209 @@
+"""Triton's generate extension: ``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream``.
+
+A text-oriented schema for LLM-style models, mapped onto an ordinary inference request as Triton's HTTP
+front end does (``HandleGenerate`` and ``GenerateRequestClass`` in ``src/http_server.cc``, 2.51):
+
+- every top-level key of the JSON object that names a model input becomes that input: a scalar or a flat
+  array, in the input's datatype, its shape filled from the model's dims (fixed dims divide the element count,
+  the innermost variable dim takes the rest, other variable dims are 1); ``"parameters"`` is an object whose
+  keys map the same way; every other key becomes a request parameter (string, integer, boolean or number).
+  ``"id"`` is also the request id;
+- each response becomes one JSON object: every output tensor under its name (a single element as a scalar,
+  else a flat array; BYTES as strings), every response parameter under its name, and ``"id"`` (when set),
+  ``"model_name"`` and ``"model_version"``, keys in byte order as Triton's ``std::map`` writes them;
+- ``/generate`` answers ``application/json`` and expects exactly one response (a decoupled model that sends
+  another number gets Triton's error object); ``/generate_stream`` sends each response as a server-sent event
+  (``data: {...}\\n\\n``, ``text/event-stream``), errors during the stream as ``data: {"error": ...}`` events.
+  A request that fails before inference gets the usual JSON error and status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import numpy as np
+import orjson
+
+from serving_pod.core import datatypes
+from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, http_status
+from serving_pod.core.types import InferRequest, InferResponse, Tensor
+
+PARAMETERS = "parameters"
+SSE_PREFIX, SSE_SUFFIX = b"data: ", b"\n\n"
+JSON, EVENT_STREAM = b"application/json", b"text/event-stream; charset=utf-8"
+ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
+                "generates various number of responses")
+
+
+def decode_generate_request(body: bytes, metadata: dict[str, Any], model: str, version: str,
+                            limit: int) -> InferRequest:
+    """The inference request for a generate body; ``metadata`` is the model's (its inputs' datatypes and shapes)."""
+    try:
+        document = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("generate request must be a JSON object")
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError("'id' field must be a string")
+    inputs = {item["name"]: item for item in metadata.get("inputs", [])}
+    request = InferRequest(model, version, [], None, request_id, {})
+    used = [0]
+    for key, value in document.items():
+        if key == PARAMETERS:
+            if key in inputs:
+                raise InvalidArgumentError(f"Keyword '{key}' for nested schema also given as input tensor name")
+            if not isinstance(value, dict):
+                raise InvalidArgumentError(f"Expected JSON object for keyword: '{key}'")
+            for nested, nested_value in value.items():
+                _map(request, nested, nested_value, inputs, limit, used)
+        else:
+            _map(request, key, value, inputs, limit, used)
+    return request
+
+
+def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], limit: int, used: list[int]) -> None:
+    """One key: the input of that name, else a request parameter (Triton's exact mapping)."""
+    spec = inputs.get(key)
+    if spec is None:
+        if isinstance(value, (str, bool, int, float)):
+            request.parameters[key] = value
+            return
+        raise InvalidArgumentError(
+            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(item, (list, dict)) for item in values):
+        raise InvalidArgumentError(f"input '{key}' must be a scalar or a flat array in a generate request")
+    datatype = spec["datatype"]
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgumentError(f"input '{key}' has unsupported datatype {datatype}")
+    if datatype == "BYTES":
+        if not all(isinstance(item, str) for item in values):
+            raise InvalidArgumentError(f"input '{key}': BYTES elements must be JSON strings")
+        encoded = [item.encode("utf-8") for item in values]
+        size = sum(4 + len(item) for item in encoded)
+    else:
+        size = len(values) * datatypes.numpy_dtype(datatype).itemsize
+    if used[0] + size > limit:
+        raise InvalidArgumentError(
+            f"request size of {used[0]} bytes with input '{key}' of size {size} bytes exceeds the maximum allowed "
+            f"input size of {limit}. Use --http-max-input-size to increase the limit.")
+    used[0] += size
+    shape = _shape(key, len(values), [int(d) for d in spec["shape"]])
+    if datatype == "BYTES":
+        array = np.empty(len(encoded), dtype=np.object_)
+        array[:] = encoded
+    else:
+        if datatype == "BOOL" and not all(isinstance(item, bool) for item in values):
+            raise InvalidArgumentError(f"input '{key}': BOOL elements must be true or false")
+        if datatype != "BOOL" and any(isinstance(item, (bool, str)) for item in values):
+            raise InvalidArgumentError(f"input '{key}': elements must be numbers for datatype {datatype}")
+        try:
+            array = np.asarray(values, dtype=datatypes.numpy_dtype(datatype))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgumentError(f"input '{key}': data does not fit {datatype}: {exc}") from None
+    request.inputs.append(Tensor(key, datatype, array.reshape(shape)))
+
+
+def _shape(name: str, count: int, dims: list[int]) -> tuple[int, ...]:
+    """The input's dims with the variable ones filled so that they hold ``count`` elements (Triton's two passes)."""
+    left = count
+    for dim in reversed(dims):
+        if dim != -1:
+            if dim == 0 or left % dim:
+                raise InvalidArgumentError(f"The schema can not convert input '{name}' to tensor with proper shape")
+            left //= dim
+    shape = list(dims)
+    for index in range(len(shape) - 1, -1, -1):
+        if shape[index] == -1:
+            shape[index], left = left, 1
+    if left != 1:
+        raise InvalidArgumentError(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return tuple(shape)
+
+
+def encode_generate_response(response: InferResponse) -> bytes:
+    """One response as Triton's generate JSON object."""
+    fields: dict[str, Any] = {}
+    for name, value in response.parameters.items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise InternalError(f"Response parameter '{name}' has type '{type(value).__name__}' which is not "
+                                "currently supported")
+        fields[name] = value
+    for tensor in response.outputs:
+        data = _flat(tensor)
+        fields[tensor.name] = data[0] if len(data) == 1 else data
+    if response.id:
+        fields["id"] = response.id
+    fields["model_name"] = response.model_name
+    fields["model_version"] = response.model_version
+    return orjson.dumps({key: fields[key] for key in sorted(fields, key=lambda k: k.encode())})
+
+
+def _flat(tensor: Tensor) -> list:
+    data = tensor.data
+    if tensor.datatype == "BYTES":
+        return [item.decode("utf-8", errors="replace") if isinstance(item, (bytes, bytearray)) else str(item)
+                for item in data.flat]
+    if tensor.datatype == "BF16":
+        return datatypes.bf16_to_fp32(data).reshape(-1).tolist()
+    return np.asarray(data).reshape(-1).tolist()
+
+
+def error_object(error: ServerError) -> bytes:
+    return orjson.dumps({"error": error.message})
+
+
+def _is_response(item: InferResponse) -> bool:
+    """False for the flag-only completion a decoupled model sends last (no response in Triton's terms)."""
+    return bool(item.outputs or item.parameters or not item.final)
+
+
+Answer = tuple[int, bytes, "bytes | AsyncIterator[bytes]"]
+
+
+async def answer_generate(engine: Any, body: bytes, model: str, version: str, limit: int,
+                          streaming: bool) -> Answer:
+    """(status, content type, body or async chunks) for one generate request.
+
+    A failure before the first response (an unknown model, a bad body, validation, a model error on its only
+    response) is a JSON error with its status. After that the status is sent, so a later error, or a
+    ``/generate`` that did not get exactly one response, is an error object in the body, as in Triton.
+    """
+    try:
+        request = decode_generate_request(body, engine.model_metadata(model, version), model, version, limit)
+        stream = engine.stream_infer(request)
+        first = await _next_response(stream)
+    except ServerError as error:
+        return http_status(error), JSON, error_object(error)
+    if streaming:
+        return 200, EVENT_STREAM, _events(first, stream)
+    responses = [first] if first is not None else []
+    try:
+        async for item in stream:
+            if _is_response(item):
+                responses.append(item)
+    except ServerError as error:
+        return 200, JSON, error_object(error)
+    if len(responses) != 1:
+        return 200, JSON, error_object(InternalError(ONE_RESPONSE))
+    return 200, JSON, encode_generate_response(responses[0])
+
+
+async def _next_response(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
+    async for item in stream:
+        if _is_response(item):
+            return item
+    return None
+
+
+async def _events(first: InferResponse | None, stream: AsyncIterator[InferResponse]) -> AsyncIterator[bytes]:
+    if first is not None:
+        yield SSE_PREFIX + encode_generate_response(first) + SSE_SUFFIX
+    try:
+        async for item in stream:
+            if _is_response(item):
+                yield SSE_PREFIX + encode_generate_response(item) + SSE_SUFFIX
+    except ServerError as error:
+        yield SSE_PREFIX + error_object(error) + SSE_SUFFIX

@@ -1,0 +1,253 @@
+"""Triton's generate extension (``serving_pod.http.generate``): mapping, responses, streaming, bad input.
+
+The mapping rules are Triton 2.51's (``src/http_server.cc``); the error answers that Triton 2.51 gives on the same
+model are compared side by side (its generate endpoint crashes the python backend stub on BYTES inputs in that
+release, so successful answers are checked against the rules instead).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.types import InferResponse, Tensor
+from serving_pod.http.generate import decode_generate_request, encode_generate_response
+from support.server import free_ports, write_model
+
+TEXT_CONFIG = """
+name: "textgen"
+backend: "python"
+max_batch_size: 0
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "lengths" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+TEXT_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()[0].decode()
+            tokens = pb_utils.get_input_tensor_by_name(request, "max_tokens")
+            count = int(tokens.as_numpy()[0]) if tokens is not None else 2
+            params = json.loads(request.parameters())
+            if text == "fail":
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("the model refused 'fail'")))
+                continue
+            reply = text + " | " + json.dumps(params, sort_keys=True)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("text_output", np.array([reply.encode()], dtype=np.object_)),
+                pb_utils.Tensor("lengths", np.arange(count, dtype=np.int32))]))
+        return out
+'''
+
+COUNT_CONFIG = """
+name: "counter"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+COUNT_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(abs(count) - 1 if count < 0 else count):  # -k: k - 1 responses, then an error
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+            if count < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative count")))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    path = tmp_path_factory.mktemp("generate")
+    write_model(path, "textgen", TEXT_CONFIG, files={"1/model.py": TEXT_MODEL})
+    write_model(path, "counter", COUNT_CONFIG, files={"1/model.py": COUNT_MODEL})
+    return path
+
+
+def _post(server, path: str, body) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"http://{server.http_url}/v2/models/{path}", content=content, timeout=30)
+
+
+# -- mapping (pure) ---------------------------------------------------------------------------------------
+
+METADATA = {"inputs": [
+    {"name": "text_input", "datatype": "BYTES", "shape": [-1, 1]},
+    {"name": "pair", "datatype": "FP32", "shape": [-1, 2]},
+    {"name": "flag", "datatype": "BOOL", "shape": [1]},
+    {"name": "grid", "datatype": "INT64", "shape": [2, -1]},
+]}
+
+
+def test_keys_naming_inputs_become_tensors_and_the_rest_parameters():
+    request = decode_generate_request(json.dumps({
+        "id": "42", "text_input": "hi", "pair": [1, 2, 3, 4], "temperature": 0.5,
+        "parameters": {"stream": False, "flag": True, "top_k": 3, "grid": [1, 2, 3, 4, 5, 6]},
+    }).encode(), METADATA, "m", "", 1 << 20)
+    tensors = {t.name: t for t in request.inputs}
+    assert tensors["text_input"].data.tolist() == [[b"hi"]] and tensors["text_input"].datatype == "BYTES"
+    assert tensors["pair"].data.shape == (2, 2) and tensors["pair"].data.dtype == np.float32  # batch dim takes 2
+    assert tensors["flag"].data.tolist() == [True]
+    assert tensors["grid"].data.shape == (2, 3)  # fixed 2, the variable dim takes the rest
+    assert request.parameters == {"id": "42", "temperature": 0.5, "stream": False, "top_k": 3}
+    assert request.id == "42"
+    assert decode_generate_request(b"", METADATA, "m", "", 100).inputs == []  # an empty body is an empty object
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"[1]", "generate request must be a JSON object"),
+    (b"{bad", "failed to parse the request JSON buffer"),
+    (b'{"id": 7}', "'id' field must be a string"),
+    (b'{"parameters": 5}', "Expected JSON object for keyword: 'parameters'"),
+    (b'{"x": [1, 2]}', "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    (b'{"x": {"a": 1}}', "parameter 'x' has invalid type"),
+    (b'{"pair": [1, 2, 3]}', "The schema can not convert input 'pair' to tensor with proper shape"),
+    (b'{"grid": [1, 2, 3]}', "The schema can not convert input 'grid' to tensor with proper shape"),
+    (b'{"pair": [[1, 2]]}', "input 'pair' must be a scalar or a flat array in a generate request"),
+    (b'{"text_input": 5}', "input 'text_input': BYTES elements must be JSON strings"),
+    (b'{"flag": 1}', "input 'flag': BOOL elements must be true or false"),
+    (b'{"pair": ["a", "b"]}', "input 'pair': elements must be numbers for datatype FP32"),
+    (b'{"grid": [1e30, 1]}', "input 'grid': data does not fit INT64"),
+    (b'{"text_input": "' + b"x" * 200 + b'"}', "exceeds the maximum allowed input size of 100"),
+])
+def test_bad_generate_bodies_get_a_clear_error(body, message):
+    with pytest.raises(InvalidArgumentError) as error:
+        decode_generate_request(body, METADATA, "m", "", 100)
+    assert message in error.value.message
+
+
+def test_a_response_is_one_flat_object_in_key_order():
+    response = InferResponse("m", "3", [
+        Tensor("text_output", "BYTES", np.array([b"out"], dtype=np.object_)),
+        Tensor("logits", "FP32", np.array([[0.5, 1.5]], np.float32)),
+        Tensor("Z", "INT32", np.array([[7]], np.int32)),
+    ], id="req", parameters={"finish": "stop", "tokens": 2})
+    assert encode_generate_response(response) == (
+        b'{"Z":7,"finish":"stop","id":"req","logits":[0.5,1.5],"model_name":"m","model_version":"3",'
+        b'"text_output":"out","tokens":2}')
+
+
+# -- served -----------------------------------------------------------------------------------------------
+
+
+def test_generate_runs_the_model_and_answers_one_object(threaded_server, repository):
+    server = threaded_server([repository])
+    answer = _post(server, "textgen/generate", {"id": "7", "text_input": "hello", "parameters": {
+        "max_tokens": 3, "temperature": 0.5}})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    assert answer.json() == {
+        "id": "7", "lengths": [0, 1, 2], "model_name": "textgen", "model_version": "1",
+        "text_output": 'hello | {"id": "7", "temperature": 0.5}',
+    }
+    # the version in the path, and a parameter at the top level
+    answer = _post(server, "textgen/versions/1/generate", {"text_input": "x", "user": "u1"})
+    assert answer.json()["text_output"] == 'x | {"user": "u1"}' and answer.json()["lengths"] == [0, 1]
+
+
+def test_generate_stream_sends_each_response_as_an_event(threaded_server, repository):
+    server = threaded_server([repository])
+    answer = _post(server, "counter/generate_stream", {"N": 3})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert answer.text == "".join(
+        f'data: {{"I":{i},"model_name":"counter","model_version":"1"}}\n\n' for i in range(3))
+    # a non-decoupled model streams its one response
+    answer = _post(server, "textgen/generate_stream", {"text_input": "s"})
+    events = [json.loads(line[6:]) for line in answer.text.split("\n\n") if line]
+    assert [e["text_output"] for e in events] == ["s | {}"]
+    # an error after the status went out is an error event; one before it is the status and a JSON error
+    answer = _post(server, "counter/generate_stream", {"N": -2})
+    assert answer.status_code == 200 and answer.text == (
+        'data: {"I":0,"model_name":"counter","model_version":"1"}\n\ndata: {"error":"negative count"}\n\n')
+    answer = _post(server, "counter/generate_stream", {"N": -1})
+    assert answer.status_code == 500 and answer.json() == {"error": "negative count"}
+
+
+def test_generate_needs_exactly_one_response(threaded_server, repository):
+    server = threaded_server([repository])
+    assert _post(server, "counter/generate", {"N": 1}).json() == {"I": 0, "model_name": "counter", "model_version": "1"}
+    for count in (0, 3):
+        answer = _post(server, "counter/generate", {"N": count})
+        assert answer.status_code == 200 and answer.json() == {"error": (
+            "generate expects model to produce exactly 1 response, use generate stream for model that generates "
+            "various number of responses")}
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_failures_before_the_first_response_get_their_status(threaded_server, repository, route):
+    server = threaded_server([repository])
+    cases = [
+        ("textgen", {"text_input": ["a", "b"]}, 400, "The schema can not convert input 'text_input'"),
+        ("textgen", {"text_input": "x", "bad": [1]}, 400, "parameter 'bad' has invalid type"),
+        ("textgen", {}, 400, "missing required input(s) ['text_input']"),
+        ("textgen", {"text_input": "fail"}, 500, "the model refused 'fail'"),
+        ("missing", {"a": 1}, 404, "Request for unknown model: 'missing' is not found"),
+        ("textgen/versions/7", {"text_input": "v"}, 404, "Request for unknown model: 'textgen' version 7 is not found"),
+    ]
+    for model, body, status, message in cases:
+        answer = _post(server, f"{model}/{route}", body)
+        assert answer.status_code == status, (model, body, answer.text)
+        assert answer.headers["content-type"] == "application/json" and message in answer.json()["error"]
+    assert _post(server, "textgen/generate", {"text_input": "still"}).status_code == 200  # the server goes on
+
+
+def test_error_answers_match_nvidia_tritons(threaded_server, repository):
+    """The failures Triton 2.51's generate endpoint answers correctly, side by side: same status, same message."""
+    from support.triton import triton_args, triton_or_skip
+
+    triton = triton_or_skip()
+    cases = [
+        ("textgen/generate", {"text_input": ["a", "b"]}),
+        ("textgen/generate", {"text_input": "x", "bad": [1, 2]}),
+        ("missing/generate", {"a": 1}),
+        ("textgen/versions/7/generate", {"text_input": "v"}),
+    ]
+    http, grpc, metrics = free_ports(3)
+    args = triton_args([repository], ["textgen"], http_port=http, grpc_port=grpc, metrics_port=metrics)
+    proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2"), env=triton.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "Triton did not become ready"
+            time.sleep(0.1)
+        expected = []
+        for path, body in cases:
+            answer = httpx.post(f"http://127.0.0.1:{http}/v2/models/{path}", content=json.dumps(body), timeout=30)
+            expected.append((answer.status_code, answer.json()))
+    finally:
+        proc.kill()
+        proc.wait()
+    server = threaded_server([repository])
+    got = [(answer.status_code, answer.json()) for answer in (_post(server, path, body) for path, body in cases)]
+    assert got == expected
