@@ -167,29 +167,11 @@ def test_default_metrics_have_no_summaries_or_histograms(threaded_server, tmp_pa
 
 def _triton_families(repository, flags: list[str]) -> dict[str, object]:
     """Start NVIDIA Triton 2.51 on ``repository`` with ``flags``, send 3 requests, return its scrape."""
-    import subprocess
-    import time
-
     import tritonclient.http as httpclient
 
-    from support.server import free_ports
-    from support.triton import triton_args, triton_or_skip
+    from support.triton import running_triton
 
-    triton = triton_or_skip()
-    http, grpc, metrics = free_ports(3)
-    args = triton_args([repository], ["double_py"], http_port=http, grpc_port=grpc, metrics_port=metrics)
-    proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=5", *flags), env=triton.env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "Triton did not become ready"
-            time.sleep(0.1)
+    with running_triton(repository, ["double_py"], *flags) as (http, _, metrics):
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
         tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
@@ -197,13 +179,6 @@ def _triton_families(repository, flags: list[str]) -> dict[str, object]:
             client.infer("double_py", [tensor])
         client.close()
         text = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 

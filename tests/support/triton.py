@@ -11,6 +11,7 @@ Shared install helpers live in ``perf_analyzer.py``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -18,8 +19,9 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .perf_analyzer import (
@@ -122,3 +124,33 @@ def triton_args(model_repositories: Sequence[Path | str], load_models: Sequence[
              f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
              "--allow-gpu-metrics=false", "--log-verbose=0"]
     return args
+
+
+@contextlib.contextmanager
+def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -> Iterator[tuple[int, int, int]]:
+    """For tests: Triton serving ``models`` of ``repository`` with ``flags``, ready; yields its (http, grpc,
+    metrics) ports and kills it after. Skips (``triton_or_skip``) where Triton cannot be had."""
+    import httpx
+
+    from .server import free_ports
+
+    triton = triton_or_skip()
+    http, grpc, metrics = free_ports(3)
+    args = triton_args([repository], models, http_port=http, grpc_port=grpc, metrics_port=metrics)
+    proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2", *flags), env=triton.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"Triton did not become ready (exit code {proc.poll()})")
+            time.sleep(0.1)
+        yield http, grpc, metrics
+    finally:
+        proc.kill()
+        proc.wait()

@@ -8,8 +8,6 @@ release, so successful answers are checked against the rules instead).
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 
 import httpx
 import numpy as np
@@ -18,7 +16,7 @@ import pytest
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferResponse, Tensor
 from serving_pod.http.generate import decode_generate_request, encode_generate_response
-from support.server import free_ports, write_model
+from support.server import write_model
 
 TEXT_CONFIG = """
 name: "textgen"
@@ -218,36 +216,19 @@ def test_failures_before_the_first_response_get_their_status(threaded_server, re
 
 def test_error_answers_match_nvidia_tritons(threaded_server, repository):
     """The failures Triton 2.51's generate endpoint answers correctly, side by side: same status, same message."""
-    from support.triton import triton_args, triton_or_skip
+    from support.triton import running_triton
 
-    triton = triton_or_skip()
     cases = [
         ("textgen/generate", {"text_input": ["a", "b"]}),
         ("textgen/generate", {"text_input": "x", "bad": [1, 2]}),
         ("missing/generate", {"a": 1}),
         ("textgen/versions/7/generate", {"text_input": "v"}),
     ]
-    http, grpc, metrics = free_ports(3)
-    args = triton_args([repository], ["textgen"], http_port=http, grpc_port=grpc, metrics_port=metrics)
-    proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2"), env=triton.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "Triton did not become ready"
-            time.sleep(0.1)
+    with running_triton(repository, ["textgen"]) as (http, _, _):
         expected = []
         for path, body in cases:
             answer = httpx.post(f"http://127.0.0.1:{http}/v2/models/{path}", content=json.dumps(body), timeout=30)
             expected.append((answer.status_code, answer.json()))
-    finally:
-        proc.kill()
-        proc.wait()
     server = threaded_server([repository])
     got = [(answer.status_code, answer.json()) for answer in (_post(server, path, body) for path, body in cases)]
     assert got == expected
