@@ -139,11 +139,12 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
         raise InvalidArgumentError(
             f"input '{name}': datatype {datatype} is not supported in JSON; use binary tensor data"
         )
-    data = _json_array(item["data"], datatype, dtype, shape_t, name)
+    data = json_array(item["data"], datatype, dtype, shape_t, name)
     return Tensor(name, datatype, data, params), offset
 
 
-def _json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
+def json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A tensor of ``shape`` from JSON ``values`` (a scalar, or arrays nested or flat; BYTES from strings)."""
     if not isinstance(values, list):
         values = [values]
     flat = values if not values or not isinstance(values[0], list) else _flatten(values)
@@ -209,7 +210,7 @@ def encode_infer_response(
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
             chunks.append(raw)
         else:
-            entry["data"] = _json_data(tensor)
+            entry["data"] = json_data(tensor)
         outputs_json.append(entry)
     body: dict[str, Any] = {
         "model_name": response.model_name,
@@ -226,7 +227,8 @@ def encode_infer_response(
     return b"".join([header, *chunks]), len(header)
 
 
-def _json_data(tensor: Tensor) -> list:
+def json_data(tensor: Tensor) -> list:
+    """A tensor's elements as a flat JSON list (BYTES as text, BF16 as float)."""
     data = tensor.data
     if tensor.datatype == "BYTES":
         return [

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-import numpy as np
 import orjson
 
 from serving_pod.core import datatypes
-from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, http_status
+from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
+from serving_pod.http.codec import json_array, json_data
+from serving_pod.http.responses import error_body
 
 PARAMETERS = "parameters"
 SSE_PREFIX, SSE_SUFFIX = b"data: ", b"\n\n"
@@ -81,8 +82,7 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
     if datatype == "BYTES":
         if not all(isinstance(item, str) for item in values):
             raise InvalidArgumentError(f"input '{key}': BYTES elements must be JSON strings")
-        encoded = [item.encode("utf-8") for item in values]
-        size = sum(4 + len(item) for item in encoded)
+        size = sum(4 + len(item.encode("utf-8")) for item in values)
     else:
         size = len(values) * datatypes.numpy_dtype(datatype).itemsize
     if used[0] + size > limit:
@@ -91,19 +91,10 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
             f"input size of {limit}. Use --http-max-input-size to increase the limit.")
     used[0] += size
     shape = _shape(key, len(values), [int(d) for d in spec["shape"]])
-    if datatype == "BYTES":
-        array = np.empty(len(encoded), dtype=np.object_)
-        array[:] = encoded
-    else:
-        if datatype == "BOOL" and not all(isinstance(item, bool) for item in values):
-            raise InvalidArgumentError(f"input '{key}': BOOL elements must be true or false")
-        if datatype != "BOOL" and any(isinstance(item, (bool, str)) for item in values):
-            raise InvalidArgumentError(f"input '{key}': elements must be numbers for datatype {datatype}")
-        try:
-            array = np.asarray(values, dtype=datatypes.numpy_dtype(datatype))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidArgumentError(f"input '{key}': data does not fit {datatype}: {exc}") from None
-    request.inputs.append(Tensor(key, datatype, array.reshape(shape)))
+    if datatype not in ("BOOL", "BYTES") and any(isinstance(item, (bool, str)) for item in values):
+        raise InvalidArgumentError(f"input '{key}': elements must be numbers for datatype {datatype}")
+    array = json_array(values, datatype, datatypes.numpy_dtype(datatype), shape, key)
+    request.inputs.append(Tensor(key, datatype, array))
 
 
 def _shape(name: str, count: int, dims: list[int]) -> tuple[int, ...]:
@@ -132,7 +123,7 @@ def encode_generate_response(response: InferResponse) -> bytes:
                                 "currently supported")
         fields[name] = value
     for tensor in response.outputs:
-        data = _flat(tensor)
+        data = json_data(tensor)
         fields[tensor.name] = data[0] if len(data) == 1 else data
     if response.id:
         fields["id"] = response.id
@@ -141,18 +132,8 @@ def encode_generate_response(response: InferResponse) -> bytes:
     return orjson.dumps({key: fields[key] for key in sorted(fields, key=lambda k: k.encode())})
 
 
-def _flat(tensor: Tensor) -> list:
-    data = tensor.data
-    if tensor.datatype == "BYTES":
-        return [item.decode("utf-8", errors="replace") if isinstance(item, (bytes, bytearray)) else str(item)
-                for item in data.flat]
-    if tensor.datatype == "BF16":
-        return datatypes.bf16_to_fp32(data).reshape(-1).tolist()
-    return np.asarray(data).reshape(-1).tolist()
-
-
-def error_object(error: ServerError) -> bytes:
-    return orjson.dumps({"error": error.message})
+def _error_object(error: ServerError) -> bytes:
+    return error_body(error)[1]
 
 
 def _is_response(item: InferResponse) -> bool:
@@ -176,7 +157,8 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
         stream = engine.stream_infer(request)
         first = await _next_response(stream)
     except ServerError as error:
-        return http_status(error), JSON, error_object(error)
+        status, payload = error_body(error)
+        return status, JSON, payload
     if streaming:
         return 200, EVENT_STREAM, _events(first, stream)
     responses = [first] if first is not None else []
@@ -185,9 +167,9 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
             if _is_response(item):
                 responses.append(item)
     except ServerError as error:
-        return 200, JSON, error_object(error)
+        return 200, JSON, _error_object(error)
     if len(responses) != 1:
-        return 200, JSON, error_object(InternalError(ONE_RESPONSE))
+        return 200, JSON, _error_object(InternalError(ONE_RESPONSE))
     return 200, JSON, encode_generate_response(responses[0])
 
 
@@ -206,4 +188,4 @@ async def _events(first: InferResponse | None, stream: AsyncIterator[InferRespon
             if _is_response(item):
                 yield SSE_PREFIX + encode_generate_response(item) + SSE_SUFFIX
     except ServerError as error:
-        yield SSE_PREFIX + error_object(error) + SSE_SUFFIX
+        yield SSE_PREFIX + _error_object(error) + SSE_SUFFIX
