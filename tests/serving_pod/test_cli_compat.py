@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serving_pod.cli import build_parser, options_from_args
+from support.cli import cli_options, refusal
 from support.server import test_model_config, write_model
 
 #: flags of ``tritonserver --help`` (2.51) that ``ferry-server`` refused before, with a value each
@@ -37,13 +37,8 @@ TRITONSERVER_ONLY = [
 ]
 
 
-def _options(*argv: str):
-    parser = build_parser()
-    return options_from_args(parser.parse_args(list(argv)), parser)
-
-
 def test_every_tritonserver_flag_is_accepted():
-    options = _options(*TRITONSERVER_ONLY)
+    options = cli_options(*TRITONSERVER_ONLY)
     assert options.engine.model_config_name == "h100"
     assert (options.reuse_http_port, options.reuse_grpc_port) == (False, False)
     ignored = "; ".join(options.ignored_flags)
@@ -51,20 +46,20 @@ def test_every_tritonserver_flag_is_accepted():
                  "--cuda-memory-pool-byte-size", "--model-load-thread-count", "--metrics-interval-ms"):
         assert f"{flag} (no effect: " in ignored
     assert "--model-config-name" not in ignored and "--reuse-http-port" not in ignored  # those are applied
-    assert _options().ignored_flags == ()
+    assert cli_options().ignored_flags == ()
 
 
 def test_metrics_config_reaches_the_engine():
     """Applied (``core.latency_metrics``): each setting in tritonserver's words; the ones ignored are warned of."""
     from serving_pod.core.latency_metrics import LatencyMetricsSettings
 
-    assert _options().engine.latency_metrics == LatencyMetricsSettings()
-    options = _options("--metrics-config=summary_latencies=true", "--metrics-config", "counter_latencies=false",
+    assert cli_options().engine.latency_metrics == LatencyMetricsSettings()
+    options = cli_options("--metrics-config=summary_latencies=true", "--metrics-config", "counter_latencies=false",
                        "--metrics-config=histogram_latencies=true", "--metrics-config=summary_quantiles=0.9:0.01")
     assert options.engine.latency_metrics == LatencyMetricsSettings(False, True, True, ((0.9, 0.01),))
     assert options.startup_warnings == ()
-    assert _options("--model-load-retry-count=3").engine.model_load_retry_count == 3
-    options = _options("--metrics-config=summary_latencies=yes", "--metrics-config=summary_quantiles=0.9")
+    assert cli_options("--model-load-retry-count=3").engine.model_load_retry_count == 3
+    options = cli_options("--metrics-config=summary_latencies=yes", "--metrics-config=summary_quantiles=0.9")
     assert options.engine.latency_metrics == LatencyMetricsSettings()
     assert len(options.startup_warnings) == 2 and "summary_latencies=yes" in options.startup_warnings[0]
 
@@ -83,10 +78,7 @@ def test_metrics_config_reaches_the_engine():
     (["--http-thread-count=0"], "value must be >= 1"),
 ])
 def test_values_ferry_cannot_honour_exit_2_with_the_reason(argv, message, capsys):
-    with pytest.raises(SystemExit) as exited:
-        _options(*argv)
-    assert exited.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(capsys, *argv)
 
 
 def test_no_effect_flags_are_logged_at_start(tmp_path):

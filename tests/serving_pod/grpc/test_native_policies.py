@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from serving_pod.cli import build_parser, options_from_args
 from serving_pod.grpc.wire import response_compression
 from serving_pod.options import GrpcKeepalive
+from support.cli import cli_options
 from support.h2client import RawClient, grpc_frame, infer_request
 from support.server import ServerThread, make_options, test_model_config, write_model
 
@@ -318,8 +319,6 @@ def test_tritonclient_reconnects_across_connection_ages(repository, grpc_server)
 
 
 def test_connection_age_flags_parse_as_tritonservers():
-    parser = build_parser()
-    options = options_from_args(parser.parse_args(["--grpc-max-connection-age=60000",
-                                                   "--grpc-max-connection-age-grace=5000"]), parser)
+    options = cli_options("--grpc-max-connection-age=60000", "--grpc-max-connection-age-grace=5000")
     assert (options.grpc_keepalive.max_connection_age_ms, options.grpc_keepalive.max_connection_age_grace_ms) == (60000, 5000)
-    assert options_from_args(parser.parse_args([]), parser).grpc_keepalive.max_connection_age_ms == 0
+    assert cli_options().grpc_keepalive.max_connection_age_ms == 0

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from serving_pod.cli import build_parser, options_from_args
 from serving_pod.security import Restriction
-
-
-def _options(*argv: str):
-    parser = build_parser()
-    return options_from_args(parser.parse_args(list(argv)), parser)
+from support.cli import cli_options, refusal
 
 
 def test_defaults_are_safe():
-    options = _options()
+    options = cli_options()
     assert options.engine.allow_client_shm is False
     assert options.engine.trace.level == ("OFF",)
     assert options.http_restrictions == {} and options.grpc_tls is None and options.http_tls is None
     assert options.log_file == ""
 
 
-def test_flags_map_to_options(tmp_path):
+def test_flags_map_tocli_options(tmp_path):
     cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
     for path in (cert, key, ca):
         path.write_text("x")
-    options = _options(
+    options = cli_options(
         "--allow-client-shm=true", "--http-restricted-api=shared-memory:k=v",
         "--grpc-restricted-protocol=health,inference:h=1", "--trace-file=/tmp/t.json", "--trace-level=TIMESTAMPS",
         "--trace-rate=10", "--trace-config=count=5", "--log-file=/tmp/ferry.log",
@@ -61,7 +56,4 @@ def test_flags_map_to_options(tmp_path):
     ],
 )
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
-    with pytest.raises(SystemExit) as info:
-        _options(*argv)
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(capsys, *argv)
