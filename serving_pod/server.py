@@ -77,7 +77,7 @@ def _pattern(text: str) -> re.Pattern[str] | None:
     return re.compile(text) if text else None
 
 
-def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
+def http_transport(options: ServerOptions, engine: Engine, header_forward: re.Pattern[str] | None) -> dict[str, Any]:
     """uvicorn settings for the HTTP endpoint: Ferry's protocol (limits, direct infer path), TLS when configured."""
     import ssl
 
@@ -86,7 +86,7 @@ def http_transport(options: ServerOptions, engine: Engine) -> dict[str, Any]:
     settings: dict[str, Any] = {"http": http_protocol(
         engine=engine, max_input_size=options.http_max_input_size,
         max_header_bytes=options.http_max_header_size, read_timeout_s=options.http_read_timeout_secs,
-        restrictions=options.http_restrictions, header_forward=_pattern(options.http_header_forward),
+        restrictions=options.http_restrictions, header_forward=header_forward,
     )}
     tls = options.http_tls
     if tls is not None:
@@ -141,11 +141,12 @@ class FerryServer:
         if options.allow_http:
             sock = bind_socket(options.http_address, options.http_port, reuse_port=options.http_workers > 1 or options.reuse_http_port)
             self.http_port = sock.getsockname()[1]
+            header_forward = _pattern(options.http_header_forward)
             app = create_app(
                 self.engine, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
-                header_forward=_pattern(options.http_header_forward),
+                header_forward=header_forward,
             )
-            self._http = _uvicorn(app, **http_transport(options, self.engine))
+            self._http = _uvicorn(app, **http_transport(options, self.engine, header_forward))
             self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock])))
             if options.http_workers > 1:
                 # extra protocol processes accept on the same port and forward to this app and engine
