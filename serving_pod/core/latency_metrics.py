@@ -23,6 +23,7 @@ computed at scrape time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -253,12 +254,8 @@ class Histogram:
         self.total += value
 
     def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations <= it) for every bound, then +Inf."""
-        out, running = [], 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts):
-            running += count
-            out.append((bound, running))
-        return out
+        """(upper bound, observations <= it) for every bound, then +Inf (as ``CustomMetrics.families`` does)."""
+        return list(zip((*self.bounds, math.inf), itertools.accumulate(self.counts)))
 
 
 class LatencyRecorder:
