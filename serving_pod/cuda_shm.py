@@ -26,6 +26,11 @@ def _runtime() -> tuple[Any, Any]:
             "CUDA shared memory is not supported by this server: cuda-python is not installed "
             "(pip install cuda-python) or no GPU is present"
         ) from None
+    error, count = runtime.cudaGetDeviceCount()
+    if int(error) != 0 or count < 1:
+        raise UnsupportedError(
+            f"CUDA shared memory is not supported by this server: no CUDA device is visible ({error!r})"
+        )
     return runtime, driver
 
 

@@ -11,7 +11,7 @@ ones, under the names, help texts, kinds and labels the models gave.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -166,33 +166,53 @@ class CpuCollector:
 
 
 class GpuCollector:
-    """Triton's GPU metrics through NVML, one series per GPU labelled ``gpu_uuid``."""
+    """Triton's GPU metrics through NVML, one series per GPU labelled ``gpu_uuid``.
+
+    As in Triton, ``nv_energy_consumption`` counts from the server's start (NVML's total since the driver
+    loaded, less its value when this collector was made), and each field is read on its own: one a GPU does
+    not support (power on some boards) leaves the others.
+    """
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         self.uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+        self.energy_start = [self._read(nvml.nvmlDeviceGetTotalEnergyConsumption, h, "energy") for h in self.handles]
+
+    def _read(self, query: Callable[[Any], Any], handle: Any, what: str) -> Any:
+        try:
+            return query(handle)
+        except self.nvml.NVMLError as exc:  # a GPU that stops answering must not break the scrape
+            log.debug("NVML %s query failed: %s", what, exc)
+            return None
 
     def collect(self) -> Iterator[Metric]:
-        nvml = self.nvml
+        nvml, read = self.nvml, self._read
         util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"])
         total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=["gpu_uuid"])
         used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=["gpu_uuid"])
         power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"])
         limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=["gpu_uuid"])
         energy = CounterFamily("nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started", labels=["gpu_uuid"])
-        for handle, uuid in zip(self.handles, self.uuids):
-            try:
-                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        for index, (handle, uuid) in enumerate(zip(self.handles, self.uuids)):
+            rates = read(nvml.nvmlDeviceGetUtilizationRates, handle, "utilization")
+            if rates is not None:
                 util.add_metric([uuid], rates.gpu / 100.0)
+            memory = read(nvml.nvmlDeviceGetMemoryInfo, handle, "memory")
+            if memory is not None:
                 total.add_metric([uuid], memory.total)
                 used.add_metric([uuid], memory.used)
-                power.add_metric([uuid], nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
-                limit.add_metric([uuid], nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0)
-                energy.add_metric([uuid], nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0)
-            except nvml.NVMLError as exc:  # a GPU that stops answering must not break the scrape
-                log.warning("NVML query failed for %s: %s", uuid, exc)
+            milliwatts = read(nvml.nvmlDeviceGetPowerUsage, handle, "power")
+            if milliwatts is not None:
+                power.add_metric([uuid], milliwatts / 1000.0)
+            milliwatts = read(nvml.nvmlDeviceGetPowerManagementLimit, handle, "power limit")
+            if milliwatts is not None:
+                limit.add_metric([uuid], milliwatts / 1000.0)
+            millijoules, start = read(nvml.nvmlDeviceGetTotalEnergyConsumption, handle, "energy"), self.energy_start[index]
+            if millijoules is not None:
+                if start is None:
+                    start = self.energy_start[index] = millijoules
+                energy.add_metric([uuid], (millijoules - start) / 1000.0)
         yield from (util, total, used, power, limit, energy)
 
 

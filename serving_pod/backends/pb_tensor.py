@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from serving_pod.backends.pb_dlpack import DeviceTensor
     from serving_pod.backends.pb_request import InferenceRequest, InferenceResponse
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -154,7 +155,7 @@ class _Capsule:
 class Tensor:
     """A named numpy tensor. ``Tensor(name, array)``; no copy is made."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ("_name", "_array", "_datatype", "_device")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, str) or not name:
@@ -173,6 +174,7 @@ class Tensor:
         self._name = name
         self._array = array
         self._datatype: str | None = None
+        self._device: DeviceTensor | None = None
 
     @classmethod
     def _wrap(cls, name: str, array: np.ndarray, datatype: str | None = None) -> "Tensor":
@@ -181,12 +183,30 @@ class Tensor:
         tensor._name = name
         tensor._array = array
         tensor._datatype = datatype
+        tensor._device = None
         return tensor
+
+    @classmethod
+    def _on_device(cls, name: str, device: "DeviceTensor") -> "Tensor":
+        """A tensor in GPU memory (from DLPack); ``_array`` is None until ``_host`` copies it."""
+        tensor = cls._wrap(name, None, device.datatype)  # type: ignore[arg-type]
+        tensor._device = device
+        return tensor
+
+    def _host(self) -> np.ndarray:
+        """The host array: the tensor's own, or a copy of its GPU memory (a response leaving the model)."""
+        if self._array is None:
+            assert self._device is not None
+            self._array = self._device.to_host()
+            self._device = None
+        return self._array
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._device is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._writable()
 
     def _writable(self) -> np.ndarray:
@@ -199,17 +219,36 @@ class Tensor:
         return array
 
     def shape(self) -> list[int]:
+        if self._device is not None:
+            return list(self._device.shape)
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
         if self._datatype == "BF16":
             return 14
+        if self._device is not None:
+            return numpy_to_triton_type(self._device.dtype)
         return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
-        return True
+        return self._device is None
 
     def to_dlpack(self) -> Any:
+        """A DLPack capsule of the tensor: numpy's for host arrays; our own over GPU memory, and for BF16
+        (DLPack's bfloat16 type, which numpy cannot describe)."""
+        if self._device is not None:
+            from serving_pod.backends import pb_dlpack
+
+            device = self._device
+            return pb_dlpack.export(device.ptr, device.shape, device.datatype, pb_dlpack.K_DL_CUDA,
+                                    device.device_id, device.keep)
+        if self._array.dtype.kind in "OSU":
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._datatype == "BF16":
+            from serving_pod.backends import pb_dlpack
+
+            array = np.ascontiguousarray(self._array)
+            return pb_dlpack.export(array.ctypes.data, array.shape, "BF16", pb_dlpack.K_DL_CPU, 0, array)
         try:
             return self._writable().__dlpack__()
         except (BufferError, TypeError) as exc:
@@ -219,21 +258,64 @@ class Tensor:
         return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if self._device is not None:
+            return (2, self._device.device_id)
         return (1, 0)
 
     @staticmethod
     def from_dlpack(name: str, dlpack_object: Any) -> "Tensor":
-        source = dlpack_object if hasattr(dlpack_object, "__dlpack__") else _Capsule(dlpack_object)
+        """Triton's ``from_dlpack``: a capsule or an object with ``__dlpack__`` and ``__dlpack_device__``, in
+        CPU, pinned host or (with cuda-python) CUDA memory. Host memory numpy can import is not copied."""
+        if not isinstance(name, str) or not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        from serving_pod.backends import pb_dlpack
+
         try:
-            array = np.from_dlpack(source)
-        except (BufferError, TypeError, RuntimeError) as exc:
-            raise TritonModelException(
-                f"Tensor '{name}': cannot import DLPack object (only CPU tensors are supported): {exc}"
-            ) from None
-        return Tensor(name, array)
+            return _from_dlpack(name, dlpack_object, pb_dlpack)
+        except pb_dlpack.DLPackError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def __repr__(self) -> str:
+        if self._device is not None:
+            device = self._device
+            return f"Tensor({self._name!r}, shape={list(device.shape)}, dtype={device.dtype}, gpu={device.device_id})"
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _from_dlpack(name: str, source: Any, pb_dlpack: Any) -> Tensor:
+    if pb_dlpack.is_capsule(source):
+        capsule, keep = source, source
+    elif hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__"):
+        device_type = int(source.__dlpack_device__()[0])
+        if device_type == pb_dlpack.K_DL_CUDA:
+            try:  # its pending work ordered before the legacy default stream, which our copy uses
+                capsule = source.__dlpack__(stream=1)
+            except TypeError:
+                capsule = source.__dlpack__()
+        elif device_type in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
+            capsule = source.__dlpack__()
+        else:
+            raise pb_dlpack.DLPackError(f"DLDevice type {device_type} is not support by Python backend.")
+        keep = (source, capsule)
+    else:
+        raise pb_dlpack.DLPackError(
+            "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` and "
+            "`__dlpack_device__` attributes"
+        )
+    view = pb_dlpack.read_capsule(capsule)
+    if view.device_type == pb_dlpack.K_DL_CUDA:
+        pb_dlpack.cuda_runtime()  # Triton's message where this host cannot read GPU memory
+        return Tensor._on_device(name, pb_dlpack.device_tensor(view, keep))
+    if view.device_type not in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
+        raise pb_dlpack.DLPackError(f"DLDevice type {view.device_type} is not support by Python backend.")
+    _, datatype = pb_dlpack.dtype_of(view)
+    if datatype == "BF16" or view.device_type == pb_dlpack.K_DL_CUDA_HOST:
+        return Tensor._wrap(name, pb_dlpack.host_copy(view), datatype)
+    try:
+        array = np.from_dlpack(_Capsule(capsule))
+    except (BufferError, TypeError, RuntimeError) as exc:
+        raise pb_dlpack.DLPackError(f"Tensor '{name}': cannot import DLPack object: {exc}") from None
+    return Tensor(name, array)
 
 
 def get_input_tensor_by_name(inference_request: "InferenceRequest", name: str) -> Tensor | None:

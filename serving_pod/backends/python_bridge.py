@@ -14,6 +14,8 @@ import json
 import threading
 from typing import Any
 
+import numpy as np
+
 from serving_pod.backends import pb_utils
 from serving_pod.core import errors
 from serving_pod.core.datatypes import WIRE_TO_NUMPY, wire_datatype
@@ -87,8 +89,7 @@ class ResponseLink:
         self._all: frozenset[str] | None = frozenset(self.output_names) or None
         self._declared = {name: (wire, WIRE_TO_NUMPY.get(wire)) for name, wire in output_types}
 
-    def _datatype(self, tensor: pb_utils.Tensor) -> str:
-        array = tensor._array
+    def _datatype(self, tensor: pb_utils.Tensor, array: np.ndarray) -> str:
         declared = self._declared.get(tensor._name)
         if declared is not None:
             wire, dtype = declared
@@ -121,11 +122,14 @@ class ResponseLink:
                 )
             if allowed is not None and tensor._name not in allowed:
                 continue
+            array = tensor._array
             try:
-                datatype = self._datatype(tensor)
-            except errors.ServerError as exc:
+                if array is None:  # in GPU memory (DLPack): copied to host as the response leaves the model
+                    array = tensor._host()
+                datatype = self._datatype(tensor, array)
+            except (errors.ServerError, ValueError) as exc:
                 return errors.InternalError(f"output '{tensor._name}' of model '{self.model_name}': {exc}")
-            outputs.append(DomainTensor(tensor._name, datatype, tensor._array))
+            outputs.append(DomainTensor(tensor._name, datatype, array))
         if response._parameters:
             return InferResponse(
                 self.model_name, self.model_version, outputs, request.id,
@@ -169,6 +173,11 @@ def bls_domain_request(
                 f"InferenceRequest inputs must be pb_utils.Tensor objects, found type '{type(tensor).__name__}'"
             )
         array = tensor._array
+        if array is None:  # in GPU memory (DLPack): the engine takes host arrays
+            try:
+                array = tensor._host()
+            except ValueError as exc:
+                raise pb_utils.TritonModelException(f"input '{tensor._name}': {exc}") from None
         datatype = tensor._datatype
         if datatype is None or WIRE_TO_NUMPY.get(datatype) != array.dtype:
             datatype = wire_datatype(array)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -78,6 +80,51 @@ def test_gpu_metrics_absent_without_gpu(threaded_server, tmp_path):
     except Exception:
         has_gpu = False
     assert ("nv_gpu_utilization" in raw) == has_gpu
+
+
+def _nvml_gpus():  # type: ignore[no-untyped-def]
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (pip install ferry[gpu])")
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as exc:
+        pytest.skip(f"NVML does not answer here: {exc}")
+    if not count:
+        pytest.skip("NVML sees no GPU")
+    return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+
+
+@pytest.mark.gpu
+def test_gpu_metrics_are_nvmls_figures_per_gpu_uuid(threaded_server, tmp_path):
+    """Triton's six GPU families, one series per GPU labelled with NVML's UUID; --allow-gpu-metrics=false drops them."""
+    pynvml, handles = _nvml_gpus()
+    started = time.monotonic()
+    server = threaded_server([tmp_path])
+    first = _families(server)
+    time.sleep(1.0)
+    second = _families(server)
+    uptime = time.monotonic() - started
+    for handle in handles:
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+
+        def value(families, name):  # type: ignore[no-untyped-def]
+            samples = [s for s in families[name].samples if s.labels == {"gpu_uuid": uuid}]
+            assert len(samples) == 1, (name, families[name].samples)
+            return samples[0].value
+
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        assert value(second, "nv_gpu_memory_total_bytes") == memory.total
+        assert 0 < value(second, "nv_gpu_memory_used_bytes") <= memory.total
+        assert value(second, "nv_gpu_power_limit") == pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0
+        assert 0 < value(second, "nv_gpu_power_usage") <= value(second, "nv_gpu_power_limit") * 1.5
+        assert 0.0 <= value(second, "nv_gpu_utilization") <= 1.0
+        # joules since the server started: growing, and no more than the power limit allows in that time
+        assert first["nv_energy_consumption"].type == "counter"
+        assert 0 <= value(first, "nv_energy_consumption") < value(second, "nv_energy_consumption")
+        assert value(second, "nv_energy_consumption") <= value(second, "nv_gpu_power_limit") * uptime
+    off = threaded_server([tmp_path], allow_gpu_metrics=False)
+    assert not [name for name in _families(off) if name.startswith(("nv_gpu_", "nv_energy_"))]
 
 
 def test_metrics_endpoint_404_elsewhere(threaded_server, tmp_path):

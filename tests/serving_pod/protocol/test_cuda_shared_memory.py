@@ -1,0 +1,141 @@
+"""CUDA shared memory extension on a GPU: tritonclient's cuda_shared_memory utilities and perf_analyzer.
+
+Marker ``gpu`` (deselected by default; skipped where cuda-python sees no device). The client allocates
+device memory and hands the server its CUDA IPC handle; inputs are read from it and outputs written into
+it, over HTTP and gRPC. Also: the status of each region (device id, byte size), unregistering, a region
+larger than its allocation and a handle that is not one (each refused with a message, the server goes on),
+and perf_analyzer ``--shared-memory cuda``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from support.server import test_model_config, write_model
+
+PROTOCOLS = ["http", "grpc"]
+pytestmark = pytest.mark.gpu
+
+
+def _cudashm():  # type: ignore[no-untyped-def]
+    from serving_pod.core.errors import UnsupportedError
+    from serving_pod.cuda_shm import _runtime
+
+    try:
+        _runtime()
+    except UnsupportedError as exc:
+        pytest.skip(str(exc))
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    return cudashm
+
+
+@pytest.fixture
+def server(threaded_server, tmp_path):
+    _cudashm()
+    write_model(tmp_path, "idt", test_model_config("idt"))
+    return threaded_server([tmp_path], allow_client_shm=True)
+
+
+@pytest.fixture
+def regions():
+    cudashm = _cudashm()
+    made = []
+
+    def make(name: str, byte_size: int):  # type: ignore[no-untyped-def]
+        handle = cudashm.create_shared_memory_region(name, byte_size, 0)
+        made.append(handle)
+        return handle
+
+    yield make
+    for handle in made:
+        cudashm.destroy_shared_memory_region(handle)
+
+
+def _names(status, protocol: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    if protocol == "http":
+        return {r["name"]: (int(r["device_id"]), int(r["byte_size"])) for r in status}
+    return {name: (r.device_id, r.byte_size) for name, r in status.regions.items()}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inputs_and_outputs_round_trip_through_cuda_shared_memory(server, regions, protocol):
+    cudashm = _cudashm()
+    client, module = server.client(protocol), server.module(protocol)
+    data = np.arange(8, dtype=np.float32).reshape(2, 4) * 1.5
+    in_region = regions("gin", data.nbytes)
+    out_region = regions("gout", data.nbytes + 64)
+    cudashm.set_shared_memory_region(in_region, [data])
+    client.unregister_cuda_shared_memory()
+    client.register_cuda_shared_memory("gin", cudashm.get_raw_handle(in_region), 0, data.nbytes)
+    client.register_cuda_shared_memory("gout", cudashm.get_raw_handle(out_region), 0, data.nbytes + 64)
+    try:
+        infer_input = module.InferInput("INPUT0", [2, 4], "FP32")
+        infer_input.set_shared_memory("gin", data.nbytes)
+        output = module.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("gout", data.nbytes, offset=64)
+        for _ in range(3):
+            result = client.infer("idt", [infer_input], outputs=[output])
+            meta = result.get_output("OUTPUT0")
+            assert (meta["shape"] if protocol == "http" else list(meta.shape)) == [2, 4]
+            got = cudashm.get_contents_as_numpy(out_region, np.float32, [2, 4], offset=64)
+            np.testing.assert_array_equal(got, data)
+        status = client.get_cuda_shared_memory_status()
+        assert _names(status, protocol) == {"gin": (0, data.nbytes), "gout": (0, data.nbytes + 64)}
+        client.unregister_cuda_shared_memory("gin")
+        assert list(_names(client.get_cuda_shared_memory_status(), protocol)) == ["gout"]
+    finally:
+        client.unregister_cuda_shared_memory()
+    assert _names(client.get_cuda_shared_memory_status(), protocol) == {}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_cuda_registrations_are_refused_and_the_server_goes_on(server, regions, protocol):
+    cudashm = _cudashm()
+    client, module = server.client(protocol), server.module(protocol)
+    region = regions("small", 256)
+    raw = cudashm.get_raw_handle(region)
+    # larger than the allocation behind the handle (the driver rounds allocations up; 1 MiB is past it)
+    with pytest.raises(InferenceServerException, match="failed to register shared memory region 'big': invalid args"):
+        client.register_cuda_shared_memory("big", raw, 0, 1 << 20)
+    with pytest.raises(InferenceServerException, match="failed to register shared memory region 'junk': invalid args"):
+        client.register_cuda_shared_memory("junk", base64.b64encode(b"\x01" * 64), 0, 64)  # 64 bytes, no handle
+    client.register_cuda_shared_memory("small", raw, 0, 256)
+    try:
+        with pytest.raises(InferenceServerException, match="already in manager"):
+            client.register_cuda_shared_memory("small", raw, 0, 256)
+        infer_input = module.InferInput("INPUT0", [1, 4], "FP32")
+        infer_input.set_data_from_numpy(np.ones((1, 4), np.float32))
+        output = module.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("small", 8)
+        with pytest.raises(InferenceServerException, match="should be at least 16 bytes"):
+            client.infer("idt", [infer_input], outputs=[output])
+        np.testing.assert_array_equal(client.infer("idt", [infer_input]).as_numpy("OUTPUT0"), np.ones((1, 4)))
+    finally:
+        client.unregister_cuda_shared_memory()
+
+
+@pytest.mark.perf_analyzer
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_perf_analyzer_shared_memory_cuda(server, protocol):
+    from support.perf_analyzer import perf_analyzer_cmd
+
+    binary, env = perf_analyzer_cmd()
+    url = server.http_url if protocol == "http" else server.grpc_url
+    proc = subprocess.run(
+        [str(binary), "-m", "idt", "-u", url, "-i", protocol, "--shared-memory", "cuda",
+         "--output-shared-memory-size", "1024", "-b", "2", "--measurement-interval", "500",
+         "--max-trials", "10", "--stability-percentage", "999"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Throughput" in proc.stdout
+    stats = server.client("http").get_inference_statistics("idt")["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) > 0
