@@ -1,7 +1,8 @@
-"""Does the server use more than one core? Throughput at 1 vs 2 workers, measured with perf_analyzer.
+"""Does the server use more than one core? Throughput at 1 vs 2 (or ``--workers``) workers, with perf_analyzer.
 
-Two kinds of worker, each at 1 and at 2, measured in turn (the order flips every round; figures are medians
-over ``--rounds``); every variant runs in its own server start on the same ports:
+Two kinds of worker, each at 1 and at 2 (``--workers 1,2,4`` on bigger machines), measured in turn (the
+order flips every round; figures are medians over ``--rounds``); every variant runs in its own server start
+on the same ports:
 
 * ``instances``: ``burn_py`` (benchmarks/models: about a millisecond of pure-Python work per request that
   holds the GIL, standing for pre/post-processing written in Python) with ``instance_group { count: 1 }``
@@ -9,15 +10,16 @@ over ``--rounds``); every variant runs in its own server start on the same ports
   ``FERRY_ISOLATED``), as Triton's python backend runs one stub process per instance. ``--with-triton``
   measures NVIDIA Triton on the same two models beside it.
 * ``http-workers``: ``double_py`` (the Triton comparison's tiny model: nearly all protocol work) over HTTP
-  with ``--http-workers=1`` and ``=2``. Ferry only: Triton's HTTP front end is its own C++ thread pool.
+  with ``--http-workers=1``, ``=2``, .... Ferry only: Triton's HTTP front end is its own C++ thread pool.
 
 Prints each point with its CPU split, a table with the cores the server used (throughput x server CPU per
-inference) and the 2-worker/1-worker throughput ratio of each kind; writes JSON and CSV to
+inference) and each worker count's throughput over the smallest count's, per kind; writes JSON and CSV to
 benchmarks/results/::
 
     python -m benchmarks.scaling                    # Ferry, both kinds, 2 rounds, ~2 minutes
     python -m benchmarks.scaling --with-triton      # and Triton's 1 vs 2 instances beside it
     python -m benchmarks.scaling --kinds instances  # one kind only
+    python -m benchmarks.scaling --workers 1,2,4,8  # on a machine with more cores
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ class Variant:
 
 @dataclass(frozen=True)
 class Scaling:
-    """``server``'s ``kind`` at 2 workers over 1: throughput ratio and the cores the server used at each."""
+    """``server``'s ``kind`` at ``workers`` over ``base`` workers: throughput ratio and the cores used at each."""
 
     server: str
     kind: str
+    base: int
+    workers: int
     throughput_ratio: float
-    cores_1: float
-    cores_2: float
+    cores_base: float
+    cores: float
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
     p.add_argument("--with-triton", action="store_true", help="also NVIDIA Triton at 1 and 2 instances")
+    p.add_argument("--workers", default=",".join(map(str, WORKERS)),
+                   help="comma list of worker counts (instances / HTTP processes), default 1,2")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--measurement-interval", type=int, default=3000, help="perf_analyzer window, ms")
@@ -80,6 +86,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     loadgen.add_client_cpus(p)
     args = p.parse_args(argv)
     args.kind_list = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    try:
+        args.worker_counts = tuple(sorted({int(w) for w in args.workers.split(",") if w.strip()}))
+    except ValueError:
+        p.error(f"--workers must be a comma list of integers; got {args.workers!r}")
+    if len(args.worker_counts) < 2 or args.worker_counts[0] < 1:
+        p.error(f"--workers needs at least two counts >= 1; got {args.workers!r}")
     if not args.kind_list or any(k not in KINDS for k in args.kind_list):
         p.error(f"--kinds must be a comma list of {', '.join(KINDS)}; got {args.kinds!r}")
     if args.rounds < 1 or args.concurrency < 1 or args.measurement_interval < 100:
@@ -114,7 +126,7 @@ def make_repository(source: Path, dest: Path, counts: tuple[int, ...] = WORKERS)
 def build_variants(args: argparse.Namespace, repo: Path, ports: servers.Ports) -> list[Variant]:
     variants = []
     if "instances" in args.kind_list:
-        names = make_repository(args.model_repository / INSTANCE_MODEL, repo)
+        names = make_repository(args.model_repository / INSTANCE_MODEL, repo, args.worker_counts)
         for count, name in names.items():
             variants.append(Variant("ferry", "instances", count, name, "grpc",
                                     servers.ferry_spec("ferry", [repo], [name], ports)))
@@ -127,7 +139,7 @@ def build_variants(args: argparse.Namespace, repo: Path, ports: servers.Ports) -
                                         servers.triton_spec("triton", triton.command(), triton.env, [repo],
                                                             [name], ports)))
     if "http-workers" in args.kind_list:
-        for workers in WORKERS:
+        for workers in args.worker_counts:
             variants.append(Variant("ferry", "http-workers", workers, PROTOCOL_MODEL, "http",
                                     servers.ferry_spec("ferry", [args.model_repository], [PROTOCOL_MODEL], ports,
                                                        [f"--http-workers={workers}"])))
@@ -135,7 +147,7 @@ def build_variants(args: argparse.Namespace, repo: Path, ports: servers.Ports) -
 
 
 def round_order(variants: list[Variant], round_no: int) -> list[Variant]:
-    """1 then 2 workers in odd rounds, 2 then 1 in even ones (kinds and servers keep their order)."""
+    """Fewest to most workers in odd rounds, most to fewest in even ones (kinds and servers keep their order)."""
     return sorted(variants, key=lambda v: (v.server, v.kind, v.workers if round_no % 2 else -v.workers))
 
 
@@ -163,14 +175,19 @@ def cores(summary: report.Summary) -> float:
 
 
 def scaling(variants: list[Variant], summaries: list[report.Summary]) -> list[Scaling]:
+    """Each kind's worker counts against its smallest one."""
     by_label = {s.server: s for s in summaries}
     out = []
     for server, kind in dict.fromkeys((v.server, v.kind) for v in variants):
-        one, two = (by_label.get(f"{server} {kind}={n}") for n in WORKERS)
-        if one is None or two is None:
+        counts = sorted(v.workers for v in variants if (v.server, v.kind) == (server, kind))
+        base = by_label.get(f"{server} {kind}={counts[0]}")
+        if base is None:
             continue
-        ratio = two.throughput / one.throughput if one.throughput else math.nan
-        out.append(Scaling(server, kind, ratio, cores(one), cores(two)))
+        for count in counts[1:]:
+            other = by_label.get(f"{server} {kind}={count}")
+            if other is not None:
+                ratio = other.throughput / base.throughput if base.throughput else math.nan
+                out.append(Scaling(server, kind, counts[0], count, ratio, cores(base), cores(other)))
     return out
 
 
@@ -180,9 +197,10 @@ def format_table(summaries: list[report.Summary], rows: list[Scaling]) -> str:
     for s in summaries:
         lines.append(f"{s.server:<24} {s.protocol:<5} {s.concurrency:>4} {s.throughput:>9.1f} "
                      f"{s.p99_us / 1000:>7.2f} {s.server_cpu_us:>17.0f} {cores(s):>12.2f}")
-    lines += ["", f"{'2 workers / 1':<24} {'thr x':>6} {'cores 1 -> 2':>14}"]
+    lines += ["", f"{'workers / fewest':<24} {'n / m':>6} {'thr x':>6} {'cores m -> n':>14}"]
     for r in rows:
-        lines.append(f"{r.server + ' ' + r.kind:<24} {r.throughput_ratio:>6.2f} {r.cores_1:>6.2f} -> {r.cores_2:<5.2f}")
+        lines.append(f"{r.server + ' ' + r.kind:<24} {f'{r.workers}/{r.base}':>6} {r.throughput_ratio:>6.2f} "
+                     f"{r.cores_base:>6.2f} -> {r.cores:<5.2f}")
     return "\n".join(lines)
 
 
@@ -194,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.out / f"scaling-{stamp}"
     ports = servers.free_ports()
     variants = build_variants(args, work / "repo", ports)
-    print(f"1 vs 2 workers at c={args.concurrency}: {', '.join(dict.fromkeys(v.kind for v in variants))}", flush=True)
+    print(f"{' vs '.join(map(str, args.worker_counts))} workers at c={args.concurrency}: {', '.join(dict.fromkeys(v.kind for v in variants))}", flush=True)
     measurements = [measure(v, args, ports, pa, round_no, work)
                     for round_no in range(1, args.rounds + 1) for v in round_order(variants, round_no)]
     summaries = report.summarize(measurements)

@@ -10,11 +10,13 @@ manager checks every tensor's span against ``byte_size`` before calling ``read``
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Any
 
 from serving_pod.core.errors import InvalidArgumentError, UnsupportedError
 
 CUDA = "cuda"
+log = logging.getLogger(__name__)
 
 
 def _runtime() -> tuple[Any, Any]:
@@ -65,7 +67,8 @@ class CudaRegion:
             self._ptr = int(_call(
                 runtime.cudaIpcOpenMemHandle, handle, runtime.cudaIpcMemLazyEnablePeerAccess
             ))
-        except InvalidArgumentError:
+        except InvalidArgumentError as exc:
+            log.error("failed to open CUDA IPC handle: %s", exc)  # the client gets Triton's generic answer
             raise InvalidArgumentError(
                 f"failed to register shared memory region '{name}': invalid args"
             ) from None

@@ -20,7 +20,7 @@ from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
-from serving_pod.http.codec import decode_infer_request, encode_infer_response
+from serving_pod.http.codec import decode_base64, decode_infer_request, encode_infer_response
 from serving_pod.http.generate import answer_generate
 from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
 from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
@@ -265,9 +265,6 @@ def _control_parameters(body: dict[str, Any], action: str) -> dict[str, Any]:
 
 def decode_load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
     """Load parameters (``_control_parameters``): ``config`` (JSON string) and ``file:<path>`` (base64) overrides."""
-    import base64
-    import binascii
-
     config = params.get("config")
     if config is not None and not isinstance(config, str):
         config = orjson.dumps(config).decode()
@@ -276,8 +273,5 @@ def decode_load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str
         if key.startswith("file:"):
             if not isinstance(value, str):
                 raise InvalidArgumentError(f"load parameter '{key}' must be base64 text")
-            try:
-                files[key[5:]] = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidArgumentError(f"load parameter '{key}' is not valid base64") from None
+            files[key[5:]] = decode_base64(value, f"load parameter '{key}'")
     return config, files

@@ -8,6 +8,8 @@ zero-copy ``numpy.frombuffer`` views; every size is checked before use.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,15 @@ import orjson
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+def decode_base64(text: str, what: str) -> bytes:
+    """Base64 text as Triton's libb64 reads it: line breaks and spaces skipped (the C++ clients, perf_analyzer
+    among them, write a newline every 72 characters); anything else outside the alphabet is refused."""
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgumentError(f"{what} is not valid base64") from None
 
 
 def decode_infer_request(

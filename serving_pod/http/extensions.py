@@ -7,8 +7,6 @@ app's exception handler, as for every other route.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +14,7 @@ from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.http.codec import decode_base64
 from serving_pod.http.responses import json_body, json_response
 from serving_pod.shm import CUDA, SYSTEM
 
@@ -72,10 +71,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
         handle = body.get("raw_handle")
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
             raise InvalidArgumentError("CUDA shared memory register request has no 'raw_handle' {'b64': ...} field")
-        try:
-            raw = base64.b64decode(handle["b64"], validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgumentError("CUDA shared memory register request: 'raw_handle' is not valid base64") from None
+        raw = decode_base64(handle["b64"], "CUDA shared memory register request: 'raw_handle'")
         device_id = _uint(body, "device_id", required=True, what="CUDA shared memory")
         byte_size = _uint(body, "byte_size", required=True, what="CUDA shared memory")
         shm.register_cuda(region, raw, device_id, byte_size)

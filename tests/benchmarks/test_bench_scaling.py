@@ -53,6 +53,9 @@ def test_variants_and_their_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--kinds", "threads"], "--kinds must be a comma list of instances, http-workers"),
     (["--rounds", "0"], "--rounds >= 1"),
+    (["--workers", "2"], "--workers needs at least two counts >= 1"),
+    (["--workers", "0,1"], "--workers needs at least two counts >= 1"),
+    (["--workers", "1,two"], "--workers must be a comma list of integers"),
     (["--model-repository", "/nonexistent"], "model 'burn_py' not found"),
 ])
 def test_bad_arguments_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
@@ -69,11 +72,24 @@ def test_scaling_rows_and_table(tmp_path: Path) -> None:
                                   m("ferry instances=2", "grpc", 16, 1, 950, 30000, server_cpu_us=1700)])
     (row,) = scaling.scaling(variants, summaries)
     assert (row.server, row.kind) == ("ferry", "instances")
-    assert math.isclose(row.throughput_ratio, 1.9) and math.isclose(row.cores_1, 1.0)
-    assert math.isclose(row.cores_2, 1.615)
+    assert (row.base, row.workers) == (1, 2)
+    assert math.isclose(row.throughput_ratio, 1.9) and math.isclose(row.cores_base, 1.0)
+    assert math.isclose(row.cores, 1.615)
     table = scaling.format_table(summaries, [row])
     assert "ferry instances=2        grpc    16     950.0   30.00              1700         1.61" in table
-    assert "ferry instances            1.90   1.00 -> 1.61" in table
+    assert "ferry instances             2/1   1.90   1.00 -> 1.61" in table
+
+
+def test_more_worker_counts_each_against_the_fewest(tmp_path: Path) -> None:
+    args = scaling.parse_args(["--kinds", "http-workers", "--workers", "4,1,2", "--out", str(tmp_path)])
+    variants = scaling.build_variants(args, tmp_path / "repo", servers.Ports(1, 2, 3))
+    assert [v.label for v in variants] == ["ferry http-workers=1", "ferry http-workers=2", "ferry http-workers=4"]
+    assert [v.label for v in scaling.round_order(variants, 2)][0] == "ferry http-workers=4"
+    m = report.Measurement
+    summaries = report.summarize([m(f"ferry http-workers={n}", "http", 16, 1, thr, 4000, server_cpu_us=100)
+                                  for n, thr in ((1, 10000), (2, 18000), (4, 30000))])
+    rows = scaling.scaling(variants, summaries)
+    assert [(r.base, r.workers, round(r.throughput_ratio, 2), r.cores) for r in rows] == [(1, 2, 1.8, 1.8), (1, 4, 3.0, 3.0)]
 
 
 def _reference(values: np.ndarray, rounds: int) -> np.ndarray:

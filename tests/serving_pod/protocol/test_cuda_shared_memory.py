@@ -1,7 +1,8 @@
 """CUDA shared memory extension on a GPU: tritonclient's cuda_shared_memory utilities and perf_analyzer.
 
 Marker ``gpu`` (deselected by default; skipped where cuda-python sees no device). The client allocates
-device memory and hands the server its CUDA IPC handle; inputs are read from it and outputs written into
+device memory and hands the server (``ferry-server`` in its own process, as CUDA IPC needs) its CUDA IPC
+handle; inputs are read from it and outputs written into
 it, over HTTP and gRPC. Also: the status of each region (device id, byte size), unregistering, a region
 larger than its allocation and a handle that is not one (each refused with a message, the server goes on),
 and perf_analyzer ``--shared-memory cuda``.
@@ -12,12 +13,14 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from support.server import test_model_config, write_model
+from support.server import free_ports, stop_process, test_model_config, wait_ready, write_model
 
 PROTOCOLS = ["http", "grpc"]
 pytestmark = pytest.mark.gpu
@@ -36,11 +39,38 @@ def _cudashm():  # type: ignore[no-untyped-def]
     return cudashm
 
 
+class _Server:
+    """``ferry-server`` in its own process: CUDA cannot open an IPC handle in the process that made it."""
+
+    def __init__(self, repository: Path, log: Path) -> None:
+        self.http, self.grpc, metrics = free_ports(3)
+        self.log = log
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serving_pod", f"--model-repository={repository}", f"--http-port={self.http}",
+             f"--grpc-port={self.grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
+             "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--allow-client-shm=true"],
+            stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
+        )
+        wait_ready(self.http, self.process)
+        self.http_url, self.grpc_url = f"127.0.0.1:{self.http}", f"127.0.0.1:{self.grpc}"
+
+    def module(self, protocol: str):  # type: ignore[no-untyped-def]
+        import tritonclient.grpc
+        import tritonclient.http
+
+        return tritonclient.http if protocol == "http" else tritonclient.grpc
+
+    def client(self, protocol: str):  # type: ignore[no-untyped-def]
+        return self.module(protocol).InferenceServerClient(self.http_url if protocol == "http" else self.grpc_url)
+
+
 @pytest.fixture
-def server(threaded_server, tmp_path):
+def server(tmp_path):
     _cudashm()
-    write_model(tmp_path, "idt", test_model_config("idt"))
-    return threaded_server([tmp_path], allow_client_shm=True)
+    write_model(tmp_path / "repo", "idt", test_model_config("idt"))
+    running = _Server(tmp_path / "repo", tmp_path / "server.log")
+    yield running
+    stop_process(running.process)
 
 
 @pytest.fixture
@@ -84,8 +114,8 @@ def test_inputs_and_outputs_round_trip_through_cuda_shared_memory(server, region
             result = client.infer("idt", [infer_input], outputs=[output])
             meta = result.get_output("OUTPUT0")
             assert (meta["shape"] if protocol == "http" else list(meta.shape)) == [2, 4]
-            got = cudashm.get_contents_as_numpy(out_region, np.float32, [2, 4], offset=64)
-            np.testing.assert_array_equal(got, data)
+            region = cudashm.get_contents_as_numpy(out_region, np.float32, [16 + 8])  # no offset argument
+            np.testing.assert_array_equal(region[16:].reshape(2, 4), data)  # written 64 bytes in
         status = client.get_cuda_shared_memory_status()
         assert _names(status, protocol) == {"gin": (0, data.nbytes), "gout": (0, data.nbytes + 64)}
         client.unregister_cuda_shared_memory("gin")
@@ -106,6 +136,7 @@ def test_bad_cuda_registrations_are_refused_and_the_server_goes_on(server, regio
         client.register_cuda_shared_memory("big", raw, 0, 1 << 20)
     with pytest.raises(InferenceServerException, match="failed to register shared memory region 'junk': invalid args"):
         client.register_cuda_shared_memory("junk", base64.b64encode(b"\x01" * 64), 0, 64)  # 64 bytes, no handle
+    assert "failed to open CUDA IPC handle" in server.log.read_text()  # the detail goes to the log, as Triton's
     client.register_cuda_shared_memory("small", raw, 0, 256)
     try:
         with pytest.raises(InferenceServerException, match="already in manager"):

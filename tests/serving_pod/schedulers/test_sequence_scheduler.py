@@ -85,7 +85,9 @@ async def test_oldest_waits_for_a_fuller_batch_until_the_delay_passes() -> None:
     scheduler, instances = _scheduler(_config(sequence), clock)
     first = asyncio.create_task(scheduler.submit(_request(1, 1, start=True)))
     second = asyncio.create_task(scheduler.submit(_request(2, 2, start=True)))
-    await asyncio.sleep(0.1)
+    # well inside the lane's real 100 ms timer: were it to fire first, it would see the advanced clock and
+    # run the first two alone (Python 3.12 orders the two wake-ups that way when both are due at 100 ms)
+    await asyncio.sleep(0.02)
     assert not first.done() and instances[0].executions == []  # 2 < 4 and no time has passed
     clock.advance(0.2)
     third = asyncio.create_task(scheduler.submit(_request(3, 3, start=True)))  # wakes the lane
