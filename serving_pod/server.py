@@ -30,7 +30,7 @@ log = logging.getLogger("ferry.server")
 
 
 #: seconds an idle HTTP/1.1 keep-alive connection stays open after its last response
-KEEP_ALIVE_S = 75.0
+KEEP_ALIVE_S = 75
 
 
 def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
@@ -50,7 +50,7 @@ def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
     )
     server = uvicorn.Server(config)
     # we own SIGTERM/SIGINT (drain first, then close): uvicorn must not capture them
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return server
 
 

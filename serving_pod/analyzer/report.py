@@ -100,8 +100,8 @@ def summary_table(views: list[ModelView]) -> str:
         cells = [f"<td>{escape(view.name)}</td>", f'<td class="{"" if best else "bad"}">{status}</td>']
         for m in (best, default):
             cells.append(f"<td><code>{escape(m.config_key) if m else '–'}</code></td>")
-            cells += [f'<td class="num">{m.concurrency if m else "–"}</td>', _num(m and m.throughput, 1),
-                      _num(m and m.p99_ms, 3)]
+            cells += [f'<td class="num">{m.concurrency if m else "–"}</td>', _num(m.throughput if m else None, 1),
+                      _num(m.p99_ms if m else None, 3)]
         cells.append(_num(None if gain is None else gain * 100, 1))
         rows.append(f"<tr>{''.join(cells)}</tr>")
     rows.append("</table>")

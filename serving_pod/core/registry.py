@@ -215,7 +215,7 @@ class ModelRegistry:
                 log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
                 if first_load:
                     entry.versions = {
-                        v: VersionState(v, UNAVAILABLE, str(error)) for v in entry.versions or {1: None}
+                        v: VersionState(v, UNAVAILABLE, str(error)) for v in list(entry.versions) or [1]
                     }
                 raise error from None
             old = entry.ready
@@ -261,9 +261,8 @@ class ModelRegistry:
         """Poll mode: load new models, reload changed ones, unload removed ones."""
         sources, duplicates = await asyncio.to_thread(self.repository.scan)
         failures: dict[str, str] = dict(duplicates)
-        for name in list(self.entries):
-            entry = self.entries[name]
-            if name not in sources and entry.ready:
+        for name, loaded in list(self.entries.items()):
+            if name not in sources and loaded.ready:
                 await self.unload(name)
         changed = [
             name for name, source in sources.items()

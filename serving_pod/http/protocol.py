@@ -221,7 +221,7 @@ class ForwardingHttpProtocol(InferHttpProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.header_names = []
-        extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item,assignment]
         extensions[HEADER_NAMES] = self.header_names
 
     def on_header(self, name: bytes, value: bytes) -> None:

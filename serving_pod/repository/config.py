@@ -17,8 +17,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
 
-ModelConfig = mc.ModelConfig
-
 #: config platform -> backend name (Triton's own pairs).
 PLATFORM_BACKENDS: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
@@ -37,9 +35,9 @@ FILE_BACKENDS: dict[str, str] = {
 }
 
 
-def parse_config_text(text: str, model_name: str) -> ModelConfig:
+def parse_config_text(text: str, model_name: str) -> mc.ModelConfig:
     """Parse ``config.pbtxt`` text into a ModelConfig; syntax errors name the model and line."""
-    config = ModelConfig()
+    config = mc.ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
@@ -47,9 +45,9 @@ def parse_config_text(text: str, model_name: str) -> ModelConfig:
     return config
 
 
-def parse_config_json(text: str, model_name: str) -> ModelConfig:
+def parse_config_json(text: str, model_name: str) -> mc.ModelConfig:
     """Parse a JSON config (repository load ``"config"`` override) into a ModelConfig."""
-    config = ModelConfig()
+    config = mc.ModelConfig()
     try:
         json_format.Parse(text, config)
     except (json_format.ParseError, ValueError) as exc:
@@ -57,7 +55,7 @@ def parse_config_json(text: str, model_name: str) -> ModelConfig:
     return config
 
 
-def config_to_dict(config: ModelConfig) -> dict:
+def config_to_dict(config: mc.ModelConfig) -> dict:
     """ModelConfig -> JSON-ready dict with proto field names and int64 as numbers (Triton's shape)."""
     data = json_format.MessageToDict(
         config,
@@ -67,7 +65,7 @@ def config_to_dict(config: ModelConfig) -> dict:
     return _int64_as_numbers(data, config.DESCRIPTOR)
 
 
-def config_to_json(config: ModelConfig) -> str:
+def config_to_json(config: mc.ModelConfig) -> str:
     return json.dumps(config_to_dict(config))
 
 
@@ -114,12 +112,12 @@ def config_path(model_dir: Path, config_name: str = "") -> Path:
     return model_dir / "config.pbtxt"
 
 
-def load_config(model_dir: Path, model_name: str, config_name: str = "") -> ModelConfig:
+def load_config(model_dir: Path, model_name: str, config_name: str = "") -> mc.ModelConfig:
     """Read the model's configuration file (``config_path``; an empty config when absent: auto-complete fills it)."""
     path = config_path(model_dir, config_name)
     shown = path.relative_to(model_dir)
     if not path.exists():
-        config = ModelConfig()
+        config = mc.ModelConfig()
     else:
         try:
             text = path.read_text()
@@ -134,7 +132,7 @@ def load_config(model_dir: Path, model_name: str, config_name: str = "") -> Mode
     return config
 
 
-def resolve_backend(config: ModelConfig, model_dir: Path) -> str:
+def resolve_backend(config: mc.ModelConfig, model_dir: Path) -> str:
     """Backend name from ``backend``, ``platform`` or the model file present; fills both fields as Triton does."""
     if config.backend:
         backend = config.backend
@@ -159,7 +157,7 @@ def resolve_backend(config: ModelConfig, model_dir: Path) -> str:
     return backend
 
 
-def _backend_from_files(config: ModelConfig, model_dir: Path) -> str:
+def _backend_from_files(config: mc.ModelConfig, model_dir: Path) -> str:
     names = [config.default_model_filename] if config.default_model_filename else list(FILE_BACKENDS)
     for version_dir in sorted(model_dir.iterdir() if model_dir.is_dir() else []):
         if not version_dir.is_dir() or not version_dir.name.isdigit():
