@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PERF_ANALYZER_VERSION = "2.50.0"
 CUDART_REQUIREMENT = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -220,6 +221,23 @@ def ensure_perf_analyzer(tools: Path | None = None) -> Located:
 def cached_perf_analyzer() -> Located:
     """:func:`ensure_perf_analyzer` once per process."""
     return ensure_perf_analyzer()
+
+
+def check_shared_memory_run(server: Any, protocol: str, kind: str, model: str = "idt") -> None:
+    """For tests: perf_analyzer ``--shared-memory <kind>`` (system or cuda) against ``server`` (anything with
+    ``http_url``, ``grpc_url`` and ``client``) succeeds and the model counted inferences; skips without it."""
+    binary, env = perf_analyzer_cmd()
+    url = server.http_url if protocol == "http" else server.grpc_url
+    proc = subprocess.run(
+        [str(binary), "-m", model, "-u", url, "-i", protocol, "--shared-memory", kind,
+         "--output-shared-memory-size", "1024", "-b", "2", "--measurement-interval", "500",
+         "--max-trials", "10", "--stability-percentage", "999"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Throughput" in proc.stdout
+    stats = server.client("http").get_inference_statistics(model)["model_stats"][0]
+    assert int(stats["inference_stats"]["success"]["count"]) > 0
 
 
 def perf_analyzer_cmd() -> tuple[Path, dict[str, str]]:

@@ -11,7 +11,6 @@ and perf_analyzer ``--shared-memory cuda``.
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,17 +155,6 @@ def test_bad_cuda_registrations_are_refused_and_the_server_goes_on(server, regio
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_perf_analyzer_shared_memory_cuda(server, protocol):
-    from support.perf_analyzer import perf_analyzer_cmd
+    from support.perf_analyzer import check_shared_memory_run
 
-    binary, env = perf_analyzer_cmd()
-    url = server.http_url if protocol == "http" else server.grpc_url
-    proc = subprocess.run(
-        [str(binary), "-m", "idt", "-u", url, "-i", protocol, "--shared-memory", "cuda",
-         "--output-shared-memory-size", "1024", "-b", "2", "--measurement-interval", "500",
-         "--max-trials", "10", "--stability-percentage", "999"],
-        capture_output=True, text=True, env={**os.environ, **env}, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Throughput" in proc.stdout
-    stats = server.client("http").get_inference_statistics("idt")["model_stats"][0]
-    assert int(stats["inference_stats"]["success"]["count"]) > 0
+    check_shared_memory_run(server, protocol, "cuda")

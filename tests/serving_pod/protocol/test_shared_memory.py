@@ -6,7 +6,6 @@ perf_analyzer ``--shared-memory system`` (skipped when perf_analyzer cannot be i
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import numpy as np
@@ -150,17 +149,6 @@ def test_cuda_shared_memory_without_a_gpu_is_unsupported_but_status_works(server
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_perf_analyzer_shared_memory_system(server, protocol):
-    from support.perf_analyzer import perf_analyzer_cmd
+    from support.perf_analyzer import check_shared_memory_run
 
-    binary, env = perf_analyzer_cmd()
-    url = server.http_url if protocol == "http" else server.grpc_url
-    proc = subprocess.run(
-        [str(binary), "-m", "idt", "-u", url, "-i", protocol, "--shared-memory", "system",
-         "--output-shared-memory-size", "1024", "-b", "2", "--measurement-interval", "500",
-         "--max-trials", "10", "--stability-percentage", "999"],
-        capture_output=True, text=True, env=env, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Throughput" in proc.stdout
-    stats = server.client("http").get_inference_statistics("idt")["model_stats"][0]
-    assert int(stats["inference_stats"]["success"]["count"]) > 0
+    check_shared_memory_run(server, protocol, "system")
