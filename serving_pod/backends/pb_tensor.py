@@ -282,20 +282,28 @@ class Tensor:
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
 
 
+def _capsule_of(name: str, source: Any, pb_dlpack: Any) -> Any:
+    """The producer's capsule; a CUDA producer's pending work is ordered before the legacy default stream,
+    which our copy uses. What the producer raises (an object array, a read-only one) is the model's error."""
+    try:
+        device_type = int(source.__dlpack_device__()[0])
+        if device_type == pb_dlpack.K_DL_CUDA:
+            try:
+                return source.__dlpack__(stream=1)
+            except TypeError:
+                return source.__dlpack__()
+        if device_type in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
+            return source.__dlpack__()
+    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+        raise pb_dlpack.DLPackError(f"Tensor '{name}': cannot export the object to DLPack: {exc}") from None
+    raise pb_dlpack.DLPackError(f"DLDevice type {device_type} is not support by Python backend.")
+
+
 def _from_dlpack(name: str, source: Any, pb_dlpack: Any) -> Tensor:
     if pb_dlpack.is_capsule(source):
         capsule, keep = source, source
     elif hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__"):
-        device_type = int(source.__dlpack_device__()[0])
-        if device_type == pb_dlpack.K_DL_CUDA:
-            try:  # its pending work ordered before the legacy default stream, which our copy uses
-                capsule = source.__dlpack__(stream=1)
-            except TypeError:
-                capsule = source.__dlpack__()
-        elif device_type in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
-            capsule = source.__dlpack__()
-        else:
-            raise pb_dlpack.DLPackError(f"DLDevice type {device_type} is not support by Python backend.")
+        capsule = _capsule_of(name, source, pb_dlpack)
         keep = (source, capsule)
     else:
         raise pb_dlpack.DLPackError(

@@ -216,6 +216,8 @@ def test_dlpack_objects_a_model_cannot_use_each_get_a_message() -> None:
             pb_utils.Tensor.from_dlpack("Y", source)
     with pytest.raises(pb_utils.TritonModelException, match="Tensor name cannot be an empty string"):
         pb_utils.Tensor.from_dlpack("", np.zeros(2))
+    with pytest.raises(pb_utils.TritonModelException, match="Tensor 'o': cannot export the object to DLPack"):
+        pb_utils.Tensor.from_dlpack("o", np.array([b"a"], dtype=object))  # numpy refuses: object dtype
     with pytest.raises(pb_utils.TritonModelException, match="DLPack does not have support for string tensors"):
         pb_utils.Tensor("s", np.array([b"a"], dtype=object)).to_dlpack()
     lanes = pb_dlpack.export(0, (2,), "FP32", 1, 0, None)
