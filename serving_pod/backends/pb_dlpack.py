@@ -125,10 +125,6 @@ class DeviceTensor:
     device_id: int
     keep: Any
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
     def to_host(self) -> np.ndarray:
         """A host copy (``cudaMemcpy`` on the legacy default stream, which waits for the producer's work)."""
         runtime = cuda_runtime()
@@ -215,6 +211,12 @@ def host_copy(view: CapsuleView) -> np.ndarray:
         return np.empty(view.shape, dtype=dtype)
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(view.ptr)
     return np.frombuffer(memoryview(raw), dtype=dtype).reshape(view.shape).copy()
+
+
+def check_data(view: CapsuleView) -> None:
+    """A tensor with elements must point somewhere: reading address 0 would end the server, not a request."""
+    if not view.ptr and all(view.shape):
+        raise DLPackError(f"DLPack tensor of shape {list(view.shape)} has no data pointer")
 
 
 def device_tensor(view: CapsuleView, keep: Any) -> DeviceTensor:

@@ -313,9 +313,11 @@ def _from_dlpack(name: str, source: Any, pb_dlpack: Any) -> Tensor:
     view = pb_dlpack.read_capsule(capsule)
     if view.device_type == pb_dlpack.K_DL_CUDA:
         pb_dlpack.cuda_runtime()  # Triton's message where this host cannot read GPU memory
+        pb_dlpack.check_data(view)
         return Tensor._on_device(name, pb_dlpack.device_tensor(view, keep))
     if view.device_type not in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
         raise pb_dlpack.DLPackError(f"DLDevice type {view.device_type} is not support by Python backend.")
+    pb_dlpack.check_data(view)
     _, datatype = pb_dlpack.dtype_of(view)
     if datatype == "BF16" or view.device_type == pb_dlpack.K_DL_CUDA_HOST:
         return Tensor._wrap(name, pb_dlpack.host_copy(view), datatype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import re
 from pathlib import Path
 from typing import Any
 
@@ -210,17 +211,22 @@ def test_dlpack_objects_a_model_cannot_use_each_get_a_message() -> None:
         (type("M", (), {"__dlpack__": lambda self, stream=None: None, "__dlpack_device__": lambda self: (8, 0)})(),
          "DLDevice type 8 is not support by Python backend."),
         (pb_dlpack.export(0, (2,), "FP32", 13, 0, None), "DLDevice type 13 is not support by Python backend."),
+        (pb_dlpack.export(0, (2,), "BF16", 1, 0, None), "DLPack tensor of shape [2] has no data pointer"),
+        (pb_dlpack.export(0, (3, 2), "FP32", 1, 0, None), "DLPack tensor of shape [3, 2] has no data pointer"),
     ]
     for source, message in cases:
-        with pytest.raises(pb_utils.TritonModelException, match=message.replace("(", r"\(").replace(".", r"\.")):
+        with pytest.raises(pb_utils.TritonModelException, match=re.escape(message)):
             pb_utils.Tensor.from_dlpack("Y", source)
+    empty = pb_utils.Tensor.from_dlpack("e", pb_dlpack.export(0, (0, 4), "FP32", 1, 0, None))  # nothing to read
+    assert empty.as_numpy().shape == (0, 4)
     with pytest.raises(pb_utils.TritonModelException, match="Tensor name cannot be an empty string"):
         pb_utils.Tensor.from_dlpack("", np.zeros(2))
     with pytest.raises(pb_utils.TritonModelException, match="Tensor 'o': cannot export the object to DLPack"):
         pb_utils.Tensor.from_dlpack("o", np.array([b"a"], dtype=object))  # numpy refuses: object dtype
     with pytest.raises(pb_utils.TritonModelException, match="DLPack does not have support for string tensors"):
         pb_utils.Tensor("s", np.array([b"a"], dtype=object)).to_dlpack()
-    lanes = pb_dlpack.export(0, (2,), "FP32", 1, 0, None)
+    memory = np.zeros(2, np.float32)
+    lanes = pb_dlpack.export(memory.ctypes.data, (2,), "FP32", 1, 0, memory)
     pb_dlpack._Managed.from_address(pb_dlpack._api.PyCapsule_GetPointer(lanes, b"dltensor")).dl_tensor.dtype.lanes = 4
     with pytest.raises(pb_utils.TritonModelException, match=r"DLPack data type \(code 2, 32 bits, 4 lanes\)"):
         pb_utils.Tensor.from_dlpack("Y", lanes)
