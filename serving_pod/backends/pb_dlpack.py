@@ -1,6 +1,6 @@
 """DLPack for ``pb_utils.Tensor``: reading capsules (CPU, pinned host, CUDA), exporting GPU and BF16 tensors.
 
-Neighbours: ``pb_tensor.Tensor.from_dlpack`` / ``to_dlpack`` call these; ``python_bridge`` copies a GPU
+Neighbours: ``pb_tensor.Tensor.from_dlpack`` calls ``take``, ``to_dlpack`` calls ``export``; ``python_bridge`` copies a GPU
 output to host memory (``DeviceTensor.to_host``) when a response leaves the model, since the engine's
 tensors are host arrays. Semantics follow Triton's python backend (``src/pb_tensor.cc``):
 
@@ -127,7 +127,8 @@ class DeviceTensor:
 
     def to_host(self) -> np.ndarray:
         """A host copy (``cudaMemcpy`` on the legacy default stream, which waits for the producer's work)."""
-        runtime = cuda_runtime()
+        import cuda.bindings.runtime as runtime  # type: ignore[import-untyped]  # checked by ``take``
+
         host = np.empty(self.shape, dtype=self.dtype)
         if host.nbytes:
             _cuda_call(runtime, runtime.cudaSetDevice, self.device_id)
@@ -202,10 +203,9 @@ def dtype_of(view: CapsuleView) -> tuple[np.dtype, str]:
     return found
 
 
-def host_copy(view: CapsuleView) -> np.ndarray:
+def host_copy(view: CapsuleView, dtype: np.dtype) -> np.ndarray:
     """A copy of a contiguous tensor in CPU or pinned host memory (the layouts numpy cannot import: BF16, pinned)."""
     check_contiguous(view)
-    dtype, _ = dtype_of(view)
     count = int(np.prod(view.shape, dtype=np.int64))
     if not count:
         return np.empty(view.shape, dtype=dtype)
@@ -219,10 +219,70 @@ def check_data(view: CapsuleView) -> None:
         raise DLPackError(f"DLPack tensor of shape {list(view.shape)} has no data pointer")
 
 
-def device_tensor(view: CapsuleView, keep: Any) -> DeviceTensor:
-    check_contiguous(view)
+def take(name: str, source: Any) -> DeviceTensor | tuple[np.ndarray, str | None]:
+    """What ``Tensor.from_dlpack(name, source)`` holds: a ``DeviceTensor`` for CUDA memory, else a host array
+    and its Triton datatype where numpy cannot say it (BF16), None where it can. DLPackError otherwise."""
+    if is_capsule(source):
+        capsule, keep = source, source
+    elif hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__"):
+        capsule = _capsule_of(name, source)
+        keep = (source, capsule)
+    else:
+        raise DLPackError(
+            "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` and "
+            "`__dlpack_device__` attributes"
+        )
+    view = read_capsule(capsule)
+    if view.device_type == K_DL_CUDA:
+        cuda_runtime()  # Triton's message where this host cannot read GPU memory
+        check_data(view)
+        check_contiguous(view)
+        dtype, datatype = dtype_of(view)
+        return DeviceTensor(view.ptr, view.shape, dtype, datatype, view.device_id, keep)
+    if view.device_type not in (K_DL_CPU, K_DL_CUDA_HOST):
+        raise _unsupported_device(view.device_type)
+    check_data(view)
     dtype, datatype = dtype_of(view)
-    return DeviceTensor(view.ptr, view.shape, dtype, datatype, view.device_id, keep)
+    if datatype == "BF16" or view.device_type == K_DL_CUDA_HOST:
+        return host_copy(view, dtype), datatype
+    try:
+        return np.from_dlpack(_Capsule(capsule)), None
+    except (BufferError, TypeError, RuntimeError) as exc:
+        raise DLPackError(f"Tensor '{name}': cannot import DLPack object: {exc}") from None
+
+
+def _capsule_of(name: str, source: Any) -> Any:
+    """The producer's capsule; a CUDA producer's pending work is ordered before the legacy default stream,
+    which our copy uses. What the producer raises (an object array, a read-only one) is the model's error."""
+    try:
+        device_type = int(source.__dlpack_device__()[0])
+        if device_type == K_DL_CUDA:
+            try:
+                return source.__dlpack__(stream=1)
+            except TypeError:
+                return source.__dlpack__()
+        if device_type in (K_DL_CPU, K_DL_CUDA_HOST):
+            return source.__dlpack__()
+    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+        raise DLPackError(f"Tensor '{name}': cannot export the object to DLPack: {exc}") from None
+    raise _unsupported_device(device_type)
+
+
+def _unsupported_device(device_type: int) -> DLPackError:
+    return DLPackError(f"DLDevice type {device_type} is not support by Python backend.")
+
+
+class _Capsule:
+    """Lets ``numpy.from_dlpack`` consume a bare DLPack capsule (Triton accepts both)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (K_DL_CPU, 0)
 
 
 # --------------------------------------------------------------------------- CUDA runtime

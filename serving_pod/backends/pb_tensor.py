@@ -139,19 +139,6 @@ class TritonError:
 # --------------------------------------------------------------------------- tensors
 
 
-class _Capsule:
-    """Lets ``numpy.from_dlpack`` consume a bare DLPack capsule (Triton accepts both)."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
-
-
 class Tensor:
     """A named numpy tensor. ``Tensor(name, array)``; no copy is made."""
 
@@ -271,61 +258,19 @@ class Tensor:
         from serving_pod.backends import pb_dlpack
 
         try:
-            return _from_dlpack(name, dlpack_object, pb_dlpack)
+            taken = pb_dlpack.take(name, dlpack_object)
         except pb_dlpack.DLPackError as exc:
             raise TritonModelException(str(exc)) from None
+        if isinstance(taken, pb_dlpack.DeviceTensor):
+            return Tensor._on_device(name, taken)
+        array, datatype = taken
+        return Tensor(name, array) if datatype is None else Tensor._wrap(name, array, datatype)
 
     def __repr__(self) -> str:
         if self._device is not None:
             device = self._device
             return f"Tensor({self._name!r}, shape={list(device.shape)}, dtype={device.dtype}, gpu={device.device_id})"
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
-
-
-def _capsule_of(name: str, source: Any, pb_dlpack: Any) -> Any:
-    """The producer's capsule; a CUDA producer's pending work is ordered before the legacy default stream,
-    which our copy uses. What the producer raises (an object array, a read-only one) is the model's error."""
-    try:
-        device_type = int(source.__dlpack_device__()[0])
-        if device_type == pb_dlpack.K_DL_CUDA:
-            try:
-                return source.__dlpack__(stream=1)
-            except TypeError:
-                return source.__dlpack__()
-        if device_type in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
-            return source.__dlpack__()
-    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
-        raise pb_dlpack.DLPackError(f"Tensor '{name}': cannot export the object to DLPack: {exc}") from None
-    raise pb_dlpack.DLPackError(f"DLDevice type {device_type} is not support by Python backend.")
-
-
-def _from_dlpack(name: str, source: Any, pb_dlpack: Any) -> Tensor:
-    if pb_dlpack.is_capsule(source):
-        capsule, keep = source, source
-    elif hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__"):
-        capsule = _capsule_of(name, source, pb_dlpack)
-        keep = (source, capsule)
-    else:
-        raise pb_dlpack.DLPackError(
-            "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` and "
-            "`__dlpack_device__` attributes"
-        )
-    view = pb_dlpack.read_capsule(capsule)
-    if view.device_type == pb_dlpack.K_DL_CUDA:
-        pb_dlpack.cuda_runtime()  # Triton's message where this host cannot read GPU memory
-        pb_dlpack.check_data(view)
-        return Tensor._on_device(name, pb_dlpack.device_tensor(view, keep))
-    if view.device_type not in (pb_dlpack.K_DL_CPU, pb_dlpack.K_DL_CUDA_HOST):
-        raise pb_dlpack.DLPackError(f"DLDevice type {view.device_type} is not support by Python backend.")
-    pb_dlpack.check_data(view)
-    _, datatype = pb_dlpack.dtype_of(view)
-    if datatype == "BF16" or view.device_type == pb_dlpack.K_DL_CUDA_HOST:
-        return Tensor._wrap(name, pb_dlpack.host_copy(view), datatype)
-    try:
-        array = np.from_dlpack(_Capsule(capsule))
-    except (BufferError, TypeError, RuntimeError) as exc:
-        raise pb_dlpack.DLPackError(f"Tensor '{name}': cannot import DLPack object: {exc}") from None
-    return Tensor(name, array)
 
 
 def get_input_tensor_by_name(inference_request: "InferenceRequest", name: str) -> Tensor | None:

@@ -23,6 +23,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from serving_pod.backends import pb_dlpack, pb_utils
+from support.server import write_model
 
 BF16_MODEL = """
 import triton_python_backend_utils as pb_utils
@@ -120,12 +121,6 @@ def _config(name: str, inputs: str, outputs: str, isolated: bool = False, kind: 
             f"instance_group [ {{ count: 1 kind: {kind} }} ]\n" + extra)
 
 
-def _write(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    (repo / name / "1" / "model.py").write_text(source)
-
-
 def _serve(repo: Path) -> Any:
     from support.server import ServerThread, make_options
 
@@ -142,8 +137,8 @@ FP32_X = '{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }'
 def server(tmp_path_factory):
     repo: Path = tmp_path_factory.mktemp("dlpack_repo")
     bf16 = '{ name: "X" data_type: TYPE_BF16 dims: [ -1 ] }'
-    _write(repo, "bf16", BF16_MODEL, _config("bf16", bf16, bf16.replace('"X"', '"Y"')))
-    _write(repo, "bad", BAD_MODEL, _config("bad", FP32_X, FP32_X.replace('"X"', '"Y"')))
+    write_model(repo, "bf16", _config("bf16", bf16, bf16.replace('"X"', '"Y"')), {"1/model.py": BF16_MODEL})
+    write_model(repo, "bad", _config("bad", FP32_X, FP32_X.replace('"X"', '"Y"')), {"1/model.py": BAD_MODEL})
     thread, handle = _serve(repo)
     yield handle
     thread.stop()
@@ -284,7 +279,7 @@ def gpu_server(tmp_path_factory):
     outputs = ", ".join(f'{{ name: "{n}" data_type: {t} dims: [ -1 ] }}'
                         for n, t in (("Y", "TYPE_FP32"), ("Z", "TYPE_FP32"), ("B", "TYPE_BF16")))
     for name, isolated in (("gpu", False), ("gpu_isolated", True)):
-        _write(repo, name, GPU_MODEL, _config(name, FP32_X, outputs, isolated, kind="KIND_GPU"))
+        write_model(repo, name, _config(name, FP32_X, outputs, isolated, kind="KIND_GPU"), {"1/model.py": GPU_MODEL})
     thread, handle = _serve(repo)
     yield handle
     thread.stop()
