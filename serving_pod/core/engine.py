@@ -216,16 +216,14 @@ class Engine:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises ``ServerError``."""
         model, plan, trace = self._admit(request)
-        latency = model.stats.latency
-        if latency is None:
+        latency = model.stats.latency  # the first (and only) response, success or error: Triton's histogram
+        try:
             response = await self._submit(model, request)
-        else:
-            # the first (and only) response, success or error: Triton's first-response histogram
-            try:
-                response = await self._submit(model, request)
-            except ServerError:
+        except ServerError:
+            if latency is not None:
                 latency.responded(time.monotonic_ns() - request.arrival_ns)
-                raise
+            raise
+        if latency is not None:
             latency.responded(time.monotonic_ns() - request.arrival_ns)
         if response is not None and plan is not None:
             outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)

@@ -79,12 +79,13 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
     datatype = spec["datatype"]
     if datatype in ("FP16", "BF16"):
         raise InvalidArgumentError(f"input '{key}' has unsupported datatype {datatype}")
+    dtype = datatypes.numpy_dtype(datatype)
     if datatype == "BYTES":
         if not all(isinstance(item, str) for item in values):
             raise InvalidArgumentError(f"input '{key}': BYTES elements must be JSON strings")
         size = sum(4 + len(item.encode("utf-8")) for item in values)
     else:
-        size = len(values) * datatypes.numpy_dtype(datatype).itemsize
+        size = len(values) * dtype.itemsize
     if used[0] + size > limit:
         raise InvalidArgumentError(
             f"request size of {used[0]} bytes with input '{key}' of size {size} bytes exceeds the maximum allowed "
@@ -93,7 +94,7 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
     shape = _shape(key, len(values), [int(d) for d in spec["shape"]])
     if datatype not in ("BOOL", "BYTES") and any(isinstance(item, (bool, str)) for item in values):
         raise InvalidArgumentError(f"input '{key}': elements must be numbers for datatype {datatype}")
-    array = json_array(values, datatype, datatypes.numpy_dtype(datatype), shape, key)
+    array = json_array(values, datatype, dtype, shape, key)
     request.inputs.append(Tensor(key, datatype, array))
 
 
