@@ -201,11 +201,12 @@ def free_ports(count: int) -> list[int]:
 
 
 def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    """Poll ``/v2/health/ready`` until 200; fail with the server's stderr if it exits first."""
+    """Poll ``/v2/health/ready`` until 200; fail with the server's stderr (when piped) if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"server exited early ({process.returncode}): {process.stderr.read()}")
+            stderr = process.stderr.read() if process.stderr is not None else ""
+            raise AssertionError(f"server exited early ({process.returncode}): {stderr}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
                 return

@@ -19,7 +19,6 @@ import site
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -130,9 +129,7 @@ def triton_args(model_repositories: Sequence[Path | str], load_models: Sequence[
 def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -> Iterator[tuple[int, int, int]]:
     """For tests: Triton serving ``models`` of ``repository`` with ``flags``, ready; yields its (http, grpc,
     metrics) ports and kills it after. Skips (``triton_or_skip``) where Triton cannot be had."""
-    import httpx
-
-    from .server import free_ports
+    from .server import free_ports, wait_ready
 
     triton = triton_or_skip()
     http, grpc, metrics = free_ports(3)
@@ -140,16 +137,7 @@ def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -
     proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2", *flags), env=triton.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"Triton did not become ready (exit code {proc.poll()})")
-            time.sleep(0.1)
+        wait_ready(http, proc, timeout=60)
         yield http, grpc, metrics
     finally:
         proc.kill()
