@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks import loadgen, perfcsv, report, servers
+from benchmarks import hostprobe, loadgen, perfcsv, report, servers
 from tests.support.triton import ensure_triton
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                                    ports, extra)
     else:
         spec = servers.ferry_spec("ferry", [work / "repo"], list(names.values()), ports, extra)
+    loopback = hostprobe.probe()
+    print(f"host: {loopback.describe()}")
     measurements: list[report.Measurement] = []
     with servers.Server(spec, ports, work / "server.log") as srv:
         startup = srv.start(models=list(names.values()))
@@ -200,19 +202,21 @@ def main(argv: list[str] | None = None) -> int:
                           f"{used.describe()}" if res.ok else f"{head} FAILED: {res.error}", flush=True)
         profiles = {label: server_profile(ports.http, name) for label, name in names.items()}
     summaries = report.summarize(measurements)
-    ratio = next((r for r in report.ratios(summaries, UNBATCHED) if r.concurrency == TARGET_CONCURRENCY), None)
+    ratio = next((r for r in report.ratios(summaries, UNBATCHED, measurements) if r.concurrency == TARGET_CONCURRENCY), None)
     print("\n" + format_table(summaries))
     print("\nserver statistics (all rounds):")
     for label in (BATCHED, UNBATCHED):
         print("  " + format_profile(label, profiles[label]))
     if ratio is not None:
         verdict = "OK" if ratio.throughput_ratio >= TARGET_RATIO else "MISS"
+        by_round = " ".join(f"{r:.2f}" for r in ratio.throughput_rounds)
         print(f"dynamic batching at c={TARGET_CONCURRENCY}: {ratio.throughput_ratio:.2f}x throughput "
-              f"(target >= {TARGET_RATIO:g}x: {verdict}), p99 {ratio.p99_ratio:.2f}x")
+              f"(target >= {TARGET_RATIO:g}x: {verdict}; round by round {by_round}), p99 {ratio.p99_ratio:.2f}x")
     print(plot(summaries, args.out / f"batching-{stamp}.png",
                f"{args.server}: {args.model} dynamic batching on/off ({args.protocol}, perf_analyzer)"))
     payload = {"kind": "batching", "started_utc": stamp, "server": args.server, "model": args.model,
                "protocol": args.protocol, "server_argv": list(spec.argv), "client_cpus": list(args.client_cpus),
+               "loopback": loopback.as_dict(),
                "average_batch_size": {label: profile["batch_size"] for label, profile in profiles.items()},
                "server_profile": profiles,
                "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loadgen, perfcsv, report, servers
+from benchmarks import hostprobe, loadgen, perfcsv, report, servers
 from benchmarks.soak import SoakResult, soak
 from tests.support.perf_analyzer import PERF_ANALYZER_VERSION, Located
 from tests.support.triton import TRITON_VERSION, ensure_triton
@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if load[0] > 0.5 * (os.cpu_count() or 1):
         print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs before starting: other work on this "
               "machine skews absolute figures (A B A B rounds keep the ratios comparable)")
+    loopback = hostprobe.probe()
+    print(f"host: {loopback.describe()}")
     measurements: list[report.Measurement] = []
     runs: list[ServerRun] = []
     for round_no in range(1, args.rounds + 1):
@@ -237,13 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     default = ({} if args.no_default_startup or "ferry" not in args.server_list
                else default_startup(ports, log_dir, args.settle))
     summaries = report.summarize(measurements)
-    ratio_rows = report.ratios(summaries, "triton") if "triton" in args.server_list else []
+    ratio_rows = report.ratios(summaries, "triton", measurements) if "triton" in args.server_list else []
     print("\n" + report.format_table(summaries, ratio_rows))
     print("\n" + format_runs(runs, soaks, default))
     payload = {
         "kind": "compare_triton", "started_utc": stamp, "model": args.model,
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                 "loadavg_start": load, "loadavg_end": os.getloadavg()},
+                 "loadavg_start": load, "loadavg_end": os.getloadavg(), "loopback": loopback.as_dict()},
         "tools": {"perf_analyzer": PERF_ANALYZER_VERSION, "triton": TRITON_VERSION},
         "flags": {"measurement_interval_ms": args.measurement_interval, "percentile": 99, "rounds": args.rounds,
                   "stability_percentage": args.stability_percentage, "max_trials": args.max_trials,

@@ -63,7 +63,12 @@ class Summary:
 
 @dataclass(frozen=True)
 class Ratio:
-    """``server`` over ``baseline`` at one point; throughput wants >= 1.2, p99 wants <= 1.0."""
+    """``server`` over ``baseline`` at one point; throughput wants >= 1.2, p99 wants <= 1.0.
+
+    The ratios are of the medians over rounds; ``throughput_rounds`` and ``p99_rounds`` are the same ratios
+    round by round (A B in the same round, side by side), for the rounds where both servers measured the
+    point: their spread is what one run's ratio can be trusted to.
+    """
 
     server: str
     baseline: str
@@ -71,6 +76,8 @@ class Ratio:
     concurrency: int
     throughput_ratio: float
     p99_ratio: float
+    throughput_rounds: tuple[float, ...] = ()
+    p99_rounds: tuple[float, ...] = ()
 
     @property
     def throughput_ok(self) -> bool:
@@ -108,21 +115,35 @@ def _divide(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
-def ratios(summaries: Sequence[Summary], baseline: str) -> list[Ratio]:
-    """Every non-baseline server against ``baseline`` at the points both measured."""
+def ratios(summaries: Sequence[Summary], baseline: str, measurements: Iterable[Measurement] = ()) -> list[Ratio]:
+    """Every non-baseline server against ``baseline`` at the points both measured; with ``measurements``,
+    also the ratio in each round where both succeeded (``Ratio.throughput_rounds``)."""
     base = {(s.protocol, s.concurrency): s for s in summaries if s.server == baseline}
+    rounds: dict[tuple[str, str, int], dict[int, Measurement]] = {}
+    for m in measurements:
+        if m.ok:
+            rounds.setdefault((m.server, m.protocol, m.concurrency), {})[m.round] = m
     out = []
     for s in summaries:
         ref = base.get((s.protocol, s.concurrency))
         if s.server == baseline or ref is None:
             continue
+        mine = rounds.get((s.server, s.protocol, s.concurrency), {})
+        theirs = rounds.get((baseline, s.protocol, s.concurrency), {})
+        pairs = [(mine[r], theirs[r]) for r in sorted(mine) if r in theirs]
         out.append(Ratio(s.server, baseline, s.protocol, s.concurrency,
-                         _divide(s.throughput, ref.throughput), _divide(s.p99_us, ref.p99_us)))
+                         _divide(s.throughput, ref.throughput), _divide(s.p99_us, ref.p99_us),
+                         tuple(_divide(m.throughput, b.throughput) for m, b in pairs),
+                         tuple(_divide(m.p99_us, b.p99_us) for m, b in pairs)))
     return out
 
 
 def _fmt(value: float, spec: str) -> str:
     return format(value, spec) if math.isfinite(value) else "n/a"
+
+
+def _fmt_all(values: Sequence[float]) -> str:
+    return " ".join(_fmt(v, ".2f") for v in values)
 
 
 def format_table(summaries: Sequence[Summary], ratio_rows: Sequence[Ratio]) -> str:
@@ -136,12 +157,16 @@ def format_table(summaries: Sequence[Summary], ratio_rows: Sequence[Ratio]) -> s
                      f"{_fmt(s.p99_us / 1000, '.2f'):>8} {rounds:>6} {_fmt(s.server_cpu_us, '.0f'):>17} "
                      f"{_fmt(s.client_cpu_us, '.0f'):>17}")
     if ratio_rows:
+        by_round = any(r.throughput_rounds for r in ratio_rows)
         lines += ["", f"{'ratio':<24} {'proto':<5} {'conc':>4} {'thr x':>7} {'p99 x':>7}  "
-                      f"targets (thr >= {THROUGHPUT_TARGET}, p99 <= {P99_TARGET})"]
+                      f"targets (thr >= {THROUGHPUT_TARGET}, p99 <= {P99_TARGET})"
+                      + ("  round by round: thr x | p99 x" if by_round else "")]
         for r in sorted(ratio_rows, key=lambda r: (r.server, r.protocol, r.concurrency)):
             verdict = (f"thr {'OK' if r.throughput_ok else 'MISS'}, p99 {'OK' if r.p99_ok else 'MISS'}")
+            rounds = (f"  {_fmt_all(r.throughput_rounds)} | {_fmt_all(r.p99_rounds)}"
+                      if r.throughput_rounds else "")
             lines.append(f"{r.server + '/' + r.baseline:<24} {r.protocol:<5} {r.concurrency:>4} "
-                         f"{_fmt(r.throughput_ratio, '.2f'):>7} {_fmt(r.p99_ratio, '.2f'):>7}  {verdict}")
+                         f"{_fmt(r.throughput_ratio, '.2f'):>7} {_fmt(r.p99_ratio, '.2f'):>7}  {verdict}{rounds}")
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ import orjson
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from serving_pod.http import templates
 
 
 def decode_base64(text: str, what: str) -> bytes:
@@ -32,13 +33,21 @@ def decode_base64(text: str, what: str) -> bytes:
 def decode_infer_request(
     body: bytes, header_length: int | None, model_name: str, model_version: str
 ) -> InferRequest:
-    """Parse an inference request body into an ``InferRequest`` (InvalidArgumentError on bad input)."""
+    """Parse an inference request body into an ``InferRequest`` (InvalidArgumentError on bad input).
+
+    A binary request whose JSON header was seen before is built from that header's template (``templates``).
+    """
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise InvalidArgumentError(
                 f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
             )
         header_bytes = body[:header_length]
+        template = templates.lookup(header_bytes)
+        if template is not None:
+            built = template.build(body, header_length, model_name, model_version)
+            if built is not None:
+                return built
         binary = memoryview(body)[header_length:]
     else:
         header_bytes = body
@@ -88,7 +97,7 @@ def decode_infer_request(
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError(f"Unable to parse 'id': expected a string, got {request_id!r}")
-    return InferRequest(
+    request = InferRequest(
         model_name=model_name,
         model_version=model_version,
         inputs=inputs,
@@ -96,6 +105,9 @@ def decode_infer_request(
         id=request_id,
         parameters=parameters,
     )
+    if header_length is not None:
+        templates.learn(bytes(header_bytes), header, request)
+    return request
 
 
 def _check_http_parameters(parameters: dict[str, Any]) -> None:

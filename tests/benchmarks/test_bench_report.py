@@ -62,6 +62,25 @@ def test_ratios_skip_points_the_baseline_lacks_and_nan_on_failure() -> None:
     assert only.concurrency == 1 and math.isnan(only.throughput_ratio) and not only.throughput_ok
 
 
+def test_round_by_round_ratios_pair_the_same_round_and_skip_failed_ones() -> None:
+    measurements = _measurements()
+    rows = {(r.protocol, r.concurrency): r for r in report.ratios(report.summarize(measurements), "triton",
+                                                                   measurements)}
+    http = rows["http", 1]
+    # rounds 1 and 2 paired; round 3 has no ferry figure (failed), so it has no ratio
+    assert http.throughput_rounds == pytest.approx((1500 / 1000, 1300 / 900))
+    assert http.p99_rounds == pytest.approx((2000 / 3000, 2600 / 3400))
+    assert rows["grpc", 16].throughput_rounds == pytest.approx((1.1,))
+    # a round the baseline lacks is skipped, not paired with another round
+    lone = [M("triton", "http", 1, 1, 100, 10), M("ferry", "http", 1, 1, 150, 10), M("ferry", "http", 1, 2, 90, 10)]
+    (only,) = report.ratios(report.summarize(lone), "triton", lone)
+    assert only.throughput_rounds == pytest.approx((1.5,))
+    # without measurements the ratios stand alone and the table has no round column
+    assert report.ratios(report.summarize(measurements), "triton")[0].throughput_rounds == ()
+    table = report.format_table(report.summarize(measurements), list(rows.values()))
+    assert "round by round" in table and "1.50 1.44 | 0.67 0.76" in table
+
+
 def test_format_table_shows_figures_ratios_and_verdicts() -> None:
     summaries = report.summarize(_measurements())
     table = report.format_table(summaries, report.ratios(summaries, "triton"))

@@ -1,0 +1,106 @@
+"""Parsed JSON headers of binary inference requests, kept by their bytes: the HTTP codec's fast path.
+
+A client sends the same JSON header with every request of a stream: the same inputs, shapes, datatypes and
+requested outputs, with only the tensor bytes after the header changing (perf_analyzer, tritonclient's binary
+requests, a service calling one model). ``codec.decode_infer_request`` parses and checks a header once; when
+the same bytes come again, ``RequestTemplate.build`` makes the request from what that parse found, each input a
+zero-copy view of its bytes, skipping the JSON parse and the per-field checks (about 7 of 12 µs per request
+here). A request built so is equal to one the full parse gives.
+
+Only headers that parsed without error become templates, and only when every input carries binary data
+(no JSON ``data``, which is part of the header, and no shared memory) and the header carries no ``id`` (an
+id makes every header unique). The table is process-wide, like ``re``'s pattern cache: templates depend on
+nothing but the header bytes, not on a model. It holds at most ``MAX_TEMPLATES`` headers of at most
+``MAX_HEADER_BYTES`` each and is emptied when full. A body whose binary part disagrees in size with its
+template's header takes the full parse, so it gets that path's error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serving_pod.core import datatypes
+from serving_pod.core.types import InferRequest, RequestedOutput, Tensor
+
+MAX_TEMPLATES = 256
+MAX_HEADER_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class InputTemplate:
+    """One binary input: its bytes are ``size`` bytes at ``offset`` of the binary part; ``dtype`` None for BYTES."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: dict[str, Any]
+    offset: int
+    size: int
+    dtype: np.dtype | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTemplate:
+    """What a successful parse of one header found; ``build`` turns a body with that header into a request."""
+
+    inputs: tuple[InputTemplate, ...]
+    outputs: tuple[tuple[str, dict[str, Any]], ...] | None
+    parameters: dict[str, Any]
+    binary_size: int
+
+    def build(self, body: bytes, header_length: int, model_name: str, model_version: str) -> InferRequest | None:
+        """The request for ``body``, or None when its binary part is not the size the header declares."""
+        if len(body) - header_length != self.binary_size:
+            return None
+        inputs = []
+        for spec in self.inputs:
+            start = header_length + spec.offset
+            if spec.dtype is None:  # BYTES: element lengths are in the data, checked each time
+                data = datatypes.from_raw(spec.datatype, spec.shape, memoryview(body)[start:start + spec.size],
+                                          f"input '{spec.name}'")
+            else:
+                data = np.frombuffer(body, spec.dtype, spec.count, start).reshape(spec.shape)
+            inputs.append(Tensor(spec.name, spec.datatype, data, spec.parameters))
+        outputs = None if self.outputs is None else [RequestedOutput(name, params) for name, params in self.outputs]
+        # the parameters are copied: the front end adds forwarded headers to a request's own
+        return InferRequest(model_name, model_version, inputs, outputs, "", dict(self.parameters))
+
+
+_templates: dict[bytes, RequestTemplate] = {}
+
+
+def lookup(header: bytes) -> RequestTemplate | None:
+    return _templates.get(header)
+
+
+def learn(header: bytes, parsed: dict[str, Any], request: InferRequest) -> None:
+    """Keep a template of ``header`` (its JSON ``parsed``; ``request`` what the full parse made of it) if it can be one."""
+    if len(header) > MAX_HEADER_BYTES or "id" in parsed:
+        return
+    inputs = []
+    offset = 0
+    for tensor in request.inputs:
+        size = tensor.parameters.get("binary_data_size")
+        if size is None or "shared_memory_region" in tensor.parameters:
+            return
+        dtype = None if tensor.datatype == "BYTES" else tensor.data.dtype
+        inputs.append(InputTemplate(tensor.name, tensor.datatype, tensor.data.shape, tensor.parameters, offset, size,
+                                    dtype, tensor.data.size))
+        offset += size
+    outputs = None
+    if request.outputs is not None:
+        if any("shared_memory_region" in out.parameters for out in request.outputs):
+            return
+        outputs = tuple((out.name, out.parameters) for out in request.outputs)
+    if len(_templates) >= MAX_TEMPLATES:
+        _templates.clear()
+    _templates[header] = RequestTemplate(tuple(inputs), outputs, dict(request.parameters), offset)
+
+
+def clear() -> None:
+    """Forget every template (tests)."""
+    _templates.clear()
