@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--rounds", type=int, default=1, help="sweeps over all levels; figures are medians")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds of unmeasured load on each copy (highest concurrency) before the first round")
     loadgen.add_client_cpus(p)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -51,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if not (args.model_repository / args.model / "config.pbtxt").exists():
         p.error(f"model {args.model!r} not found in {args.model_repository}")
-    if args.measurement_interval < 100 or args.rounds < 1:
-        p.error("--measurement-interval must be >= 100 ms and --rounds >= 1")
+    if args.measurement_interval < 100 or args.rounds < 1 or args.warmup < 0:
+        p.error("--measurement-interval must be >= 100 ms, --rounds >= 1 and --warmup >= 0")
     return args
 
 
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.server} ready in {startup:.2f} s; {args.model} batched vs unbatched over {args.protocol}",
               flush=True)
         url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
+        for label, name in names.items():
+            loadgen.warm_up(pa.command(), pa.env, perfcsv.PerfSpec(name, url, args.protocol, max(args.levels),
+                                                                   cpus=args.client_cpus),
+                            work, f"{label}-warmup", args.warmup)
         for round_no in range(1, args.rounds + 1):
             order = (BATCHED, UNBATCHED) if round_no % 2 else (UNBATCHED, BATCHED)
             for level in args.levels:

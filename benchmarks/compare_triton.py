@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-default-startup", action="store_true",
                    help="skip timing ferry-server on its embedded default models")
     p.add_argument("--settle", type=float, default=2.0, help="seconds after ready before idle RSS")
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds of unmeasured load (first protocol, highest concurrency) after each start")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     try:
@@ -89,8 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--ferry-variant must be NAME=ARGS, got {variant!r}")
     if not set(args.soak_protocols.split(",")) <= {"http", "grpc"}:
         p.error(f"--soak-protocols takes http and/or grpc, got {args.soak_protocols!r}")
-    if args.rounds < 1 or args.measurement_interval < 100 or args.soak_minutes < 0:
-        p.error("--rounds >= 1, --measurement-interval >= 100 ms and --soak-minutes >= 0 are required")
+    if args.rounds < 1 or args.measurement_interval < 100 or args.soak_minutes < 0 or args.warmup < 0:
+        p.error("--rounds >= 1, --measurement-interval >= 100 ms, --soak-minutes >= 0 and --warmup >= 0 "
+                "are required")
     if not (args.model_repository / args.model / "config.pbtxt").exists():
         p.error(f"model {args.model!r} not found in {args.model_repository}")
     return args
@@ -148,6 +151,11 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
         identity = server_identity(ports.http)
         print(f"[round {round_no}] {spec.name} ({identity}) ready in {startup:.2f} s, idle RSS {idle:.1f} MiB",
               flush=True)
+        protocol = args.protocol_list[0]
+        loadgen.warm_up(pa.command(), pa.env, perfcsv.PerfSpec(
+            args.model, f"127.0.0.1:{ports.http if protocol == 'http' else ports.grpc}", protocol,
+            max(args.concurrency_levels), cpus=args.client_cpus), log_dir, f"{spec.name}-r{round_no}-warmup",
+            args.warmup)
         for protocol in args.protocol_list:
             url = f"127.0.0.1:{ports.http if protocol == 'http' else ports.grpc}"
             for conc in args.concurrency_levels:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -105,6 +105,21 @@ def run_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.Perf
         if attempt == retries + 1 and estimate is not None:
             return PointResult(spec, estimate[0], estimate[1], False, breakdown, attempt)
     return PointResult(spec, nan, nan, False, (), retries + 1, error)
+
+
+def warm_up(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.PerfSpec, log_dir: Path, name: str,
+            seconds: float) -> None:
+    """Load the server for ``seconds`` at ``spec``'s point, measuring nothing (one window, any outcome).
+
+    A server that just started runs its first seconds slower: its code and data are cold and, in a virtual
+    machine, memory the previous server freed comes back page by page. On the 2-core VM of 2026-11-25 the
+    first point after a switch of servers measured at half speed, client included (perf_analyzer's own CPU
+    per inference doubled), in two runs of two; a warm-up keeps that out of every server's figures alike.
+    """
+    if seconds <= 0:
+        return
+    window = replace(spec, measurement_interval_ms=max(100, int(seconds * 1000)), max_trials=1)
+    run_point(command, env, window, log_dir, name, timeout=seconds + 120)
 
 
 def measure_point(command: Sequence[str], env: Mapping[str, str], spec: perfcsv.PerfSpec, log_dir: Path, name: str,

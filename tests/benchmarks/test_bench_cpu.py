@@ -103,3 +103,23 @@ def test_measure_point_gives_cpu_per_inference_of_a_real_run(tmp_path: Path) -> 
     assert (measurement.server, measurement.protocol, measurement.concurrency) == ("ferry", "http", 2)
     assert measurement.server_cpu_us == used.server_us > 0 and measurement.client_cpu_us == used.client_us > 0
     assert used.processes[0][0] == "server" and 0 < used.busy <= 1.0 + 1e-6
+
+
+@pytest.mark.perf_analyzer
+def test_warm_up_loads_the_server_for_the_time_asked_and_zero_skips_it(tmp_path: Path) -> None:
+    binary, env = perf_analyzer_cmd()
+    write_model(tmp_path / "repo", "fp32", test_model_config("fp32"))
+    thread = ServerThread(make_options([tmp_path / "repo"]))
+    handle = thread.start()
+    try:
+        port = handle.server.http_port
+        spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2)
+        loadgen.warm_up([str(binary)], env, spec, tmp_path / "logs", "skipped", 0)
+        assert cpu.inference_count(port, "fp32") == 0 and not (tmp_path / "logs" / "skipped.log").exists()
+        loadgen.warm_up([str(binary)], env, spec, tmp_path / "logs", "warm", 0.5)
+        assert cpu.inference_count(port, "fp32") > 0
+        # one window of the asked length, whatever perf_analyzer made of its stability
+        log = (tmp_path / "logs" / "warm.log").read_text()
+        assert "--measurement-interval 500" in log and "--max-trials 1" in log
+    finally:
+        thread.stop()
