@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import psutil
@@ -84,21 +86,27 @@ def test_inference_count_from_a_real_server(tmp_path: Path) -> None:
         thread.stop()
 
 
+@contextlib.contextmanager
+def _serving_fp32(tmp_path: Path) -> Iterator[Any]:
+    """An in-process server with the test model ``fp32``: this process is the server, perf_analyzer the client."""
+    write_model(tmp_path / "repo", "fp32", test_model_config("fp32"))
+    thread = ServerThread(make_options([tmp_path / "repo"]))
+    try:
+        yield thread.start()
+    finally:
+        thread.stop()
+
+
 @pytest.mark.perf_analyzer
 def test_measure_point_gives_cpu_per_inference_of_a_real_run(tmp_path: Path) -> None:
     """perf_analyzer against an in-process server: this process is the server, perf_analyzer the client."""
     binary, env = perf_analyzer_cmd()
-    write_model(tmp_path / "repo", "fp32", test_model_config("fp32"))
-    thread = ServerThread(make_options([tmp_path / "repo"]))
-    handle = thread.start()
-    try:
+    with _serving_fp32(tmp_path) as handle:
         spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2, 500, 99, max_trials=3,
                                 cpus=(max(os.sched_getaffinity(0)),))  # --client-cpus
         res, measurement, used = loadgen.measure_point(
             [str(binary)], env, spec, tmp_path / "logs", "point", server="ferry", round_no=1,
             server_pid=os.getpid(), http_port=handle.server.http_port)
-    finally:
-        thread.stop()
     assert res.ok and res.throughput > 0
     assert (measurement.server, measurement.protocol, measurement.concurrency) == ("ferry", "http", 2)
     assert measurement.server_cpu_us == used.server_us > 0 and measurement.client_cpu_us == used.client_us > 0
@@ -108,18 +116,13 @@ def test_measure_point_gives_cpu_per_inference_of_a_real_run(tmp_path: Path) -> 
 @pytest.mark.perf_analyzer
 def test_warm_up_loads_the_server_for_the_time_asked_and_zero_skips_it(tmp_path: Path) -> None:
     binary, env = perf_analyzer_cmd()
-    write_model(tmp_path / "repo", "fp32", test_model_config("fp32"))
-    thread = ServerThread(make_options([tmp_path / "repo"]))
-    handle = thread.start()
-    try:
+    with _serving_fp32(tmp_path) as handle:
         port = handle.server.http_port
         spec = perfcsv.PerfSpec("fp32", handle.http_url, "http", 2)
         loadgen.warm_up([str(binary)], env, spec, tmp_path / "logs", "skipped", 0)
         assert cpu.inference_count(port, "fp32") == 0 and not (tmp_path / "logs" / "skipped.log").exists()
         loadgen.warm_up([str(binary)], env, spec, tmp_path / "logs", "warm", 0.5)
         assert cpu.inference_count(port, "fp32") > 0
-        # one window of the asked length, whatever perf_analyzer made of its stability
-        log = (tmp_path / "logs" / "warm.log").read_text()
-        assert "--measurement-interval 500" in log and "--max-trials 1" in log
-    finally:
-        thread.stop()
+    # one window of the asked length, whatever perf_analyzer made of its stability
+    log = (tmp_path / "logs" / "warm.log").read_text()
+    assert "--measurement-interval 500" in log and "--max-trials 1" in log
