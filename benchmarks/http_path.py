@@ -65,11 +65,12 @@ class _Transport:
 def infer_request(model: str, input_name: str, width: int, output: str) -> bytes:
     """One HTTP/1.1 infer request as perf_analyzer sends it (its headers, one binary row, binary output)."""
     binary = np.random.default_rng(0).random((1, width), dtype=np.float32).tobytes()
-    header = json.dumps({
-        "inputs": [{"name": input_name, "shape": [1, width], "datatype": "FP32",
+    header = json.dumps({  # perf_analyzer 2.50's JSON, key order and empty id included
+        "id": "",
+        "inputs": [{"name": input_name, "datatype": "FP32", "shape": [1, width],
                     "parameters": {"binary_data_size": len(binary)}}],
         "outputs": [{"name": output, "parameters": {"binary_data": True}}],
-    }).encode()
+    }, separators=(",", ":")).encode()
     return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: libcurl-agent/1.0\r\n"
             b"Accept: */*\r\nInference-Header-Content-Length: %d\r\nContent-Type: application/octet-stream\r\n"
             b"Content-Length: %d\r\n\r\n" % (model.encode(), len(header), len(header) + len(binary))) + header + binary

@@ -106,7 +106,7 @@ def decode_infer_request(
         parameters=parameters,
     )
     if header_length is not None:
-        templates.learn(bytes(header_bytes), header, request)
+        templates.learn(bytes(header_bytes), request)
     return request
 
 

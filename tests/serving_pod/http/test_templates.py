@@ -70,10 +70,21 @@ def test_a_repeated_header_is_built_from_its_template_with_the_same_result() -> 
     templates.clear()
     _same(built, decode_infer_request(second, length, "m", "2"))  # what the full parse makes of the same body
     # parameters belong to each request: the front end adds forwarded headers to them
-    templates.learn(second[:length], orjson.loads(second[:length]), parsed)
+    templates.learn(second[:length], parsed)
     built.parameters["x-forwarded"] = "1"
     again = decode_infer_request(second, length, "m", "2")
     assert again.parameters == {"priority": 2, "custom": "x"} and again.parameters is not built.parameters
+
+
+def test_perf_analyzers_header_with_its_empty_id_is_a_template() -> None:
+    header = (b'{"id":"","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"parameters":'
+              b'{"binary_data_size":64}}],"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]}')
+    body = header + np.arange(16, dtype="<f4").tobytes()
+    full = decode_infer_request(body, len(header), "double_py", "")
+    assert templates.lookup(header) is not None
+    built = decode_infer_request(body, len(header), "double_py", "")
+    _same(built, full)
+    assert built.id == ""
 
 
 def test_without_outputs_or_parameters_too() -> None:
@@ -87,7 +98,7 @@ def test_without_outputs_or_parameters_too() -> None:
 
 
 @pytest.mark.parametrize("header", [
-    {"id": "7", "inputs": [_binary_input("A", "FP32", [2], 8)]},  # an id makes every header unique
+    {"id": "7", "inputs": [_binary_input("A", "FP32", [2], 8)]},  # a numbered request: every header unique
     {"inputs": [_binary_input("A", "FP32", [2], 8), {"name": "B", "datatype": "FP32", "shape": [1], "data": [1]}]},
     {"inputs": [{"name": "A", "datatype": "FP32", "shape": [2],
                  "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]},
