@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         startup = srv.start(models=list(names.values()))
         print(f"{args.server} ready in {startup:.2f} s; {args.model} batched vs unbatched over {args.protocol}",
               flush=True)
-        url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
+        url = ports.url(args.protocol)
         for label, name in names.items():
             loadgen.warm_up(pa.command(), pa.env, perfcsv.PerfSpec(name, url, args.protocol, max(args.levels),
                                                                    cpus=args.client_cpus),
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{used.describe()}" if res.ok else f"{head} FAILED: {res.error}", flush=True)
         profiles = {label: server_profile(ports.http, name) for label, name in names.items()}
     summaries = report.summarize(measurements)
-    ratio = next((r for r in report.ratios(summaries, UNBATCHED, measurements) if r.concurrency == TARGET_CONCURRENCY), None)
+    ratio = next((r for r in report.ratios(summaries, UNBATCHED, measurements)
+                  if r.concurrency == TARGET_CONCURRENCY), None)
     print("\n" + format_table(summaries))
     print("\nserver statistics (all rounds):")
     for label in (BATCHED, UNBATCHED):

@@ -151,13 +151,12 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
         identity = server_identity(ports.http)
         print(f"[round {round_no}] {spec.name} ({identity}) ready in {startup:.2f} s, idle RSS {idle:.1f} MiB",
               flush=True)
-        protocol = args.protocol_list[0]
-        loadgen.warm_up(pa.command(), pa.env, perfcsv.PerfSpec(
-            args.model, f"127.0.0.1:{ports.http if protocol == 'http' else ports.grpc}", protocol,
-            max(args.concurrency_levels), cpus=args.client_cpus), log_dir, f"{spec.name}-r{round_no}-warmup",
-            args.warmup)
+        first = args.protocol_list[0]
+        warm = perfcsv.PerfSpec(args.model, ports.url(first), first, max(args.concurrency_levels),
+                                cpus=args.client_cpus)
+        loadgen.warm_up(pa.command(), pa.env, warm, log_dir, f"{spec.name}-r{round_no}-warmup", args.warmup)
         for protocol in args.protocol_list:
-            url = f"127.0.0.1:{ports.http if protocol == 'http' else ports.grpc}"
+            url = ports.url(protocol)
             for conc in args.concurrency_levels:
                 point = perfcsv.PerfSpec(args.model, url, protocol, conc, args.measurement_interval, 99,
                                          args.stability_percentage, args.max_trials, cpus=args.client_cpus)

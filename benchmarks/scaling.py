@@ -156,7 +156,7 @@ def measure(variant: Variant, args: argparse.Namespace, ports: servers.Ports, pa
     name = f"{variant.server}-{variant.kind}{variant.workers}-r{round_no}"
     with servers.Server(variant.spec, ports, log_dir / f"{name}.server.log") as srv:
         startup = srv.start(models=[variant.model])
-        url = f"127.0.0.1:{ports.http if variant.protocol == 'http' else ports.grpc}"
+        url = ports.url(variant.protocol)
         point = perfcsv.PerfSpec(variant.model, url, variant.protocol, args.concurrency, args.measurement_interval,
                                  99, max_trials=args.max_trials, cpus=args.client_cpus)
         res, measurement, used = loadgen.measure_point(

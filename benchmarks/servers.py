@@ -38,6 +38,10 @@ class Ports:
     grpc: int
     metrics: int
 
+    def url(self, protocol: str) -> str:
+        """``host:port`` of the ``http`` or ``grpc`` endpoint, as perf_analyzer's ``-u`` takes it."""
+        return f"127.0.0.1:{self.http if protocol == 'http' else self.grpc}"
+
 
 def free_ports() -> Ports:
     """Three distinct ports free right now (bound together so none repeats)."""

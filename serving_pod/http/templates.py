@@ -9,8 +9,9 @@ here). A request built so is equal to one the full parse gives.
 
 Only headers that parsed without error become templates, and only when every input carries binary data
 (no JSON ``data``, which is part of the header, and no shared memory) and the header's ``id`` is absent or
-empty (perf_analyzer sends ``"id":""``; a client numbering its requests makes every header unique). The table is process-wide, like ``re``'s pattern cache: templates depend on
-nothing but the header bytes, not on a model. It holds at most ``MAX_TEMPLATES`` headers of at most
+empty (perf_analyzer sends ``"id":""``; a client numbering its requests makes every header unique), so a
+built request's id is always empty. The table is process-wide, like ``re``'s pattern cache: templates depend
+on nothing but the header bytes, not on a model. It holds at most ``MAX_TEMPLATES`` headers of at most
 ``MAX_HEADER_BYTES`` each and is emptied when full. A body whose binary part disagrees in size with its
 template's header takes the full parse, so it gets that path's error.
 """
@@ -51,7 +52,6 @@ class RequestTemplate:
     outputs: tuple[tuple[str, dict[str, Any]], ...] | None
     parameters: dict[str, Any]
     binary_size: int
-    id: str = ""
 
     def build(self, body: bytes, header_length: int, model_name: str, model_version: str) -> InferRequest | None:
         """The request for ``body``, or None when its binary part is not the size the header declares."""
@@ -68,7 +68,7 @@ class RequestTemplate:
             inputs.append(Tensor(spec.name, spec.datatype, data, spec.parameters))
         outputs = None if self.outputs is None else [RequestedOutput(name, params) for name, params in self.outputs]
         # the parameters are copied: the front end adds forwarded headers to a request's own
-        return InferRequest(model_name, model_version, inputs, outputs, self.id, dict(self.parameters))
+        return InferRequest(model_name, model_version, inputs, outputs, "", dict(self.parameters))
 
 
 _templates: dict[bytes, RequestTemplate] = {}
@@ -99,7 +99,7 @@ def learn(header: bytes, request: InferRequest) -> None:
         outputs = tuple((out.name, out.parameters) for out in request.outputs)
     if len(_templates) >= MAX_TEMPLATES:
         _templates.clear()
-    _templates[header] = RequestTemplate(tuple(inputs), outputs, dict(request.parameters), offset, request.id)
+    _templates[header] = RequestTemplate(tuple(inputs), outputs, dict(request.parameters), offset)
 
 
 def clear() -> None:
