@@ -171,7 +171,10 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
         return 200, JSON, _error_object(error)
     if len(responses) != 1:
         return 200, JSON, _error_object(InternalError(ONE_RESPONSE))
-    return 200, JSON, encode_generate_response(responses[0])
+    try:
+        return 200, JSON, encode_generate_response(responses[0])
+    except ServerError as error:  # a response parameter JSON cannot hold
+        return 200, JSON, _error_object(error)
 
 
 async def _next_response(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
@@ -182,11 +185,15 @@ async def _next_response(stream: AsyncIterator[InferResponse]) -> InferResponse 
 
 
 async def _events(first: InferResponse | None, stream: AsyncIterator[InferResponse]) -> AsyncIterator[bytes]:
-    if first is not None:
-        yield SSE_PREFIX + encode_generate_response(first) + SSE_SUFFIX
+    """The stream's events; an error (the model's, or a response that cannot be encoded) is the last one."""
     try:
+        if first is not None:
+            yield SSE_PREFIX + encode_generate_response(first) + SSE_SUFFIX
         async for item in stream:
             if _is_response(item):
                 yield SSE_PREFIX + encode_generate_response(item) + SSE_SUFFIX
     except ServerError as error:
         yield SSE_PREFIX + _error_object(error) + SSE_SUFFIX
+        close = getattr(stream, "aclose", None)
+        if close is not None:  # an encoding error leaves the model's stream open: nobody reads it now
+            await close()

@@ -62,6 +62,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._mid_message = self._in_headers = True
+        self.start_message()
+
+    def start_message(self) -> None:
+        """uvicorn's per-request state and ASGI scope (``http.protocol`` builds the scope later, if at all)."""
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -87,9 +91,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().send_400_response(msg)
 
     def on_message_complete(self) -> None:
-        self._mid_message = False
-        self._disarm()
+        self.end_message()
         super().on_message_complete()
+
+    def end_message(self) -> None:
+        """The whole request is in: no read deadline until the next one begins."""
+        self._mid_message = False
+        if self._deadline is not None:
+            self._disarm()
 
     # --- internals ---------------------------------------------------------------------------
     def _arm(self) -> None:

@@ -10,7 +10,8 @@ disagree) and writes the response in one piece.
 Everything else takes uvicorn's ASGI path unchanged: other routes, paths with escapes or a query, an
 infer request pipelined behind an unanswered one, and every route that a ``--http-restricted-api`` group
 guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's protocol code looks at it
-(pipelining, shutdown, disconnects).
+(pipelining, shutdown, disconnects). uvicorn's ASGI scope is built only for a request that takes the
+ASGI path (``begin_request``), not when its message begins.
 
 Keep-alive: uvicorn arms a timer after every response and cancels it when the next request arrives. This
 protocol's ``on_response_complete`` (both paths end there) instead notes the time and keeps one timer per
@@ -25,7 +26,7 @@ import logging
 import re
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import ServerError
@@ -39,6 +40,12 @@ log = logging.getLogger("ferry.http")
 _NAME = rb'[!"$&-.0->@-~]+'  # printable ASCII but / ? % #
 _INFER_TARGET = re.compile(rb"^/v2/models/(" + _NAME + rb")(?:/versions/(" + _NAME + rb"))?/infer$")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: infer targets seen, each to its (model, version) or None (not an infer target); cleared when full
+_TARGETS: dict[bytes, tuple[str, str] | None] = {}
+_TARGETS_MAX = 1024
+#: status -> status line and default headers, for the default header list ``_HEADS_OF``
+_HEADS: dict[int, bytes] = {}
+_HEADS_OF: list[tuple[bytes, bytes]] | None = None
 _INTERNAL = b"Internal Server Error"
 
 
@@ -73,6 +80,36 @@ class InferCycle:
         self.more_body = True  # uvicorn's flag; the body is in ``chunks``
 
 
+def _status_head(status: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The status line and uvicorn's default headers (``date`` and ``--header``s), made once per list.
+
+    uvicorn replaces the list every second (a new ``date``), which starts a new cache.
+    """
+    global _HEADS_OF
+    if default_headers is not _HEADS_OF:
+        _HEADS.clear()
+        _HEADS_OF = default_headers
+    head = _HEADS.get(status)
+    if head is None:
+        head = _HEADS[status] = STATUS_LINE[status] + b"".join(
+            b"%s: %s\r\n" % (name, value) for name, value in default_headers)
+    return head
+
+
+def _infer_target(url: bytes) -> tuple[str, str] | None:
+    """(model, version or "") when ``url`` is a plain infer target (``_INFER_TARGET``), else None."""
+    try:
+        return _TARGETS[url]
+    except KeyError:
+        pass
+    match = _INFER_TARGET.match(url)
+    target = None if match is None else (match.group(1).decode(), (match.group(2) or b"").decode())
+    if len(_TARGETS) >= _TARGETS_MAX:
+        _TARGETS.clear()
+    _TARGETS[url] = target
+    return target
+
+
 class InferHttpProtocol(GuardedHttpToolsProtocol):
     """The limits-enforcing protocol answering infer requests itself (set up by ``http_protocol``)."""
 
@@ -96,9 +133,23 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             self._idle_timer = None
         super().connection_lost(exc)
 
+    def start_message(self) -> None:
+        """uvicorn's per-request state, less the ASGI scope (``begin_request`` makes it when needed)."""
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
     def begin_request(self) -> None:
         if not self._begin_infer():
+            self._asgi_scope()
             super().begin_request()
+
+    def _asgi_scope(self) -> None:
+        """uvicorn's scope for this request, as its ``on_message_begin`` would have made it."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        HttpToolsProtocol.on_message_begin(self)  # resets the three
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
 
     def _begin_infer(self) -> bool:
         """Take the request on the direct path when it is an unpipelined infer request."""
@@ -107,18 +158,17 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         parser = self.parser
         if parser.get_method() != b"POST" or parser.should_upgrade():
             return False
-        match = _INFER_TARGET.match(self.url)
-        if match is None:
+        target = _infer_target(self.url)
+        if target is None:
             return False
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        version = match.group(2)
         try:
             head = infer_head(self.headers, self.max_input_size, self.header_forward, self.header_names)
         except ServerError as error:
             cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
             return True
-        self.cycle = InferCycle(match.group(1).decode(), version.decode() if version else "", head, keep_alive)
+        self.cycle = InferCycle(target[0], target[1], head, keep_alive)
         if self.expect_100_continue:
             self.transport.write(_CONTINUE)
         return True
@@ -138,9 +188,12 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         cycle.chunks.append(body)
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()  # the read deadline; uvicorn's flags on the cycle
         cycle = self.cycle
-        if type(cycle) is InferCycle and not cycle.response_complete:
+        if type(cycle) is not InferCycle:
+            super().on_message_complete()  # the read deadline; uvicorn's flags on its cycle
+            return
+        self.end_message()  # the read deadline (uvicorn's flags mean nothing to an InferCycle)
+        if not cycle.response_complete:
             task = self.loop.create_task(self._answer(cycle))
             self.tasks.add(task)  # the server's graceful shutdown waits for it
             task.add_done_callback(self.tasks.discard)
@@ -164,9 +217,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         """Write the whole response, then let uvicorn go on (pipelined request, keep-alive timer)."""
         status, payload, headers, content_type = answer
         if not cycle.disconnected and not self.transport.is_closing():
-            parts = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
-                parts += (name, b": ", value, b"\r\n")
+            parts = [_status_head(status, self.server_state.default_headers)]
             for name, value in headers:
                 parts += (name, b": ", value, b"\r\n")
             parts += (b"content-type: ", content_type, b"\r\ncontent-length: ", b"%d" % len(payload), b"\r\n")
@@ -218,9 +269,12 @@ class ForwardingHttpProtocol(InferHttpProtocol):
     scope's ``extensions`` under ``app.HEADER_NAMES``.
     """
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
+    def start_message(self) -> None:
+        super().start_message()
         self.header_names = []
+
+    def _asgi_scope(self) -> None:
+        super()._asgi_scope()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item,assignment]
         extensions[HEADER_NAMES] = self.header_names
 

@@ -15,6 +15,7 @@ import pytest
 
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferResponse, Tensor
+from serving_pod.http import generate
 from serving_pod.http.generate import decode_generate_request, encode_generate_response
 from support.server import write_model
 
@@ -232,3 +233,56 @@ def test_error_answers_match_nvidia_tritons(threaded_server, repository):
     server = threaded_server([repository])
     got = [(answer.status_code, answer.json()) for answer in (_post(server, path, body) for path, body in cases)]
     assert got == expected
+
+
+# -- a response that JSON cannot hold -----------------------------------------------------------------
+# No model can make one today (python models send only bool, int and str response parameters), so these
+# feed ``http.generate`` a stream directly.
+
+def _responses(*parameters: dict, closed: list[bool]):
+    async def stream():
+        try:
+            for index, params in enumerate(parameters):
+                yield InferResponse("m", "1", [Tensor("I", "INT32", np.array([index], np.int32))], parameters=params)
+        finally:
+            closed.append(True)
+    return stream()
+
+
+async def _events_of(first_params: dict, *rest: dict) -> tuple[list[bytes], list[bool]]:
+    closed: list[bool] = []
+    stream = _responses(first_params, *rest, closed=closed)
+    first = await stream.__anext__()
+    return [event async for event in generate._events(first, stream)], closed
+
+
+BAD_PARAMETER = (b'data: {"error":"Response parameter \'bad\' has type \'list\' which is not currently supported"}'
+                 b"\n\n")
+
+
+async def test_an_unencodable_streamed_response_is_an_error_event_and_ends_the_stream():
+    events, closed = await _events_of({}, {"bad": [1]}, {})
+    assert events == [b'data: {"I":0,"model_name":"m","model_version":"1"}\n\n', BAD_PARAMETER]
+    assert closed == [True]  # the model's stream is closed, not left waiting
+    events, closed = await _events_of({"bad": [1]}, {})
+    assert events == [BAD_PARAMETER] and closed == [True]
+
+
+class _OneResponseEngine:
+    """What ``answer_generate`` asks of an engine, answering with one response carrying ``parameters``."""
+
+    def __init__(self, parameters: dict) -> None:
+        self.parameters = parameters
+
+    def model_metadata(self, model: str, version: str) -> dict:
+        return {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1]}]}
+
+    def stream_infer(self, request):
+        return _responses(self.parameters, closed=[])
+
+
+async def test_an_unencodable_generate_response_is_an_error_object():
+    answer = await generate.answer_generate(_OneResponseEngine({"bad": [1]}), b'{"X": 1}', "m", "", 1 << 20, False)
+    assert answer == (200, generate.JSON, BAD_PARAMETER[6:-2])
+    answer = await generate.answer_generate(_OneResponseEngine({"ok": 1}), b'{"X": 1}', "m", "", 1 << 20, False)
+    assert answer == (200, generate.JSON, b'{"I":0,"model_name":"m","model_version":"1","ok":1}')

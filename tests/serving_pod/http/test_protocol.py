@@ -8,6 +8,7 @@ clear answer while the connection or the server goes on serving.
 
 from __future__ import annotations
 
+import email.utils
 import socket
 import time
 
@@ -16,6 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
+from serving_pod.http import protocol
 from support.server import test_model_config, write_model
 
 LIMIT = 64 * 1024
@@ -300,3 +302,50 @@ def test_a_busy_keep_alive_connection_stays_open_past_the_timeout(short_keep_ali
         assert wire.closed()  # and once idle, it closes
     finally:
         wire.close()
+
+
+def test_the_date_header_of_direct_answers_follows_the_clock(server):
+    """The status line and default headers are made once per uvicorn header list, which gets a new date each second."""
+    wire = Wire(_port(server))
+    try:
+        dates = []
+        for _ in range(2):
+            wire.send(_request("/v2/models/idt/infer"))
+            status, headers, _ = wire.response()
+            assert status == 200
+            dates.append(email.utils.parsedate_to_datetime(headers["date"]))
+            time.sleep(1.3)
+        assert (dates[1] - dates[0]).total_seconds() >= 1
+        assert abs(dates[1].timestamp() - (time.time() - 1.3)) < 3
+    finally:
+        wire.close()
+
+
+def test_status_head_is_made_again_for_a_new_header_list():
+    first = [(b"date", b"Wed, 25 Nov 2026 21:00:00 GMT"), (b"server", b"ferry")]
+    head = protocol._status_head(200, first)
+    assert head == b"HTTP/1.1 200 OK\r\ndate: Wed, 25 Nov 2026 21:00:00 GMT\r\nserver: ferry\r\n"
+    assert protocol._status_head(400, first).startswith(b"HTTP/1.1 400 Bad Request\r\ndate: Wed, 25 Nov")
+    second = [(b"date", b"Wed, 25 Nov 2026 21:00:01 GMT")]
+    assert protocol._status_head(200, second) == b"HTTP/1.1 200 OK\r\ndate: Wed, 25 Nov 2026 21:00:01 GMT\r\n"
+    assert protocol._status_head(200, []) == b"HTTP/1.1 200 OK\r\n"
+
+
+@pytest.mark.parametrize("url, target", [
+    (b"/v2/models/idt/infer", ("idt", "")),
+    (b"/v2/models/idt/versions/3/infer", ("idt", "3")),
+    (b"/v2/models/id%74/infer", None),  # escapes take the ASGI path
+    (b"/v2/models/idt/infer?x=1", None),
+    (b"/v2/models/idt/ready", None),
+    (b"/v2/models/a/b/infer", None),
+])
+def test_infer_targets(url, target):
+    assert protocol._infer_target(url) == target
+    assert protocol._infer_target(url) == target  # remembered
+
+
+def test_remembered_infer_targets_are_bounded(monkeypatch):
+    monkeypatch.setattr(protocol, "_TARGETS", {})
+    for index in range(protocol._TARGETS_MAX * 3):
+        assert protocol._infer_target(b"/v2/models/m%d/infer" % index) == (f"m{index}", "")
+        assert len(protocol._TARGETS) <= protocol._TARGETS_MAX
