@@ -12,7 +12,7 @@ Triton's invariants (perf_analyzer checks them): every successful request adds o
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from serving_pod.core.latency_metrics import LatencyRecorder
@@ -95,14 +95,27 @@ class ModelStats:
         self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """One successful request, charged its batch's whole compute time."""
-        self.success.add(request_ns)
-        self.queue.add(queue_ns)
-        self.compute_input.add(input_ns)
-        self.compute_infer.add(infer_ns)
-        self.compute_output.add(output_ns)
+        self.record_successes((request_ns,), (queue_ns,), input_ns, infer_ns, output_ns)
+
+    def record_successes(
+        self, request_ns: Sequence[int], queue_ns: Sequence[int], input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """The successful requests of one execution (their request and queue times), each charged the whole
+        compute time: what ``record_success`` for each would record."""
+        count = len(request_ns)
+        success, queue = self.success, self.queue
+        success.count += count
+        success.ns += sum(request_ns)
+        queue.count += count
+        queue.ns += sum(queue_ns)
+        self.compute_input.add(input_ns * count, count)
+        self.compute_infer.add(infer_ns * count, count)
+        self.compute_output.add(output_ns * count, count)
         self.last_inference_ms = time.time_ns() // 1_000_000
-        if self.latency is not None:
-            self.latency.success(request_ns, queue_ns, input_ns, infer_ns, output_ns)
+        latency = self.latency
+        if latency is not None:
+            for request, queued in zip(request_ns, queue_ns):
+                latency.success(request, queued, input_ns, infer_ns, output_ns)
 
     def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
         self.success.add(request_ns)

@@ -245,17 +245,16 @@ class InstancePool:
         for request in requests:
             batch_size += self.batch_size_of(request)
         stats.record_execution(batch_size, input_ns, infer_ns, output_ns)
+        request_ns: list[int] = []
+        queue_ns: list[int] = []
         for request, result in zip(requests, results):
             if isinstance(result, ServerError):
                 stats.record_failure(done_ns - request.arrival_ns, "BACKEND")
             else:
-                stats.record_success(
-                    done_ns - request.arrival_ns,
-                    dispatch_ns - request.arrival_ns,
-                    input_ns,
-                    infer_ns,
-                    output_ns,
-                )
+                request_ns.append(done_ns - request.arrival_ns)
+                queue_ns.append(dispatch_ns - request.arrival_ns)
+        if request_ns:
+            stats.record_successes(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def close(self) -> None:
         """Finalize every instance and stop the worker threads (after the scheduler drained)."""
