@@ -9,7 +9,9 @@ Execution modes (model config parameter ``ferry_execution_mode``: ``auto`` (defa
 a thread hop costs far more than a small model's whole execution (~150-250 us here against tens of
 microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (it never blocks on the
 engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
-``INLINE_ENTER_NS`` of its thread's CPU time (and under ``INLINE_EXIT_NS`` of wall time) runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
+``INLINE_ENTER_NS`` of its thread's CPU time (and all but ``INLINE_SLOW_WALLS`` of them under ``INLINE_EXIT_NS`` of
+wall time: under load a fast model's thread can wait that long for the GIL now and then, while a model that
+sleeps or waits on I/O takes that long every time) runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
 ``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
 the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
 
@@ -46,6 +48,8 @@ BatchSizer = Callable[[InferRequest], int]
 #: every one of the last INLINE_WINDOW threaded executions must be this fast to go inline
 INLINE_ENTER_NS = 500_000
 INLINE_WINDOW = 64
+#: of those, at most this many may take INLINE_EXIT_NS of wall time or more
+INLINE_SLOW_WALLS = INLINE_WINDOW // 8
 #: this many inline executions in a row slower than INLINE_EXIT_NS return the instance to its thread
 INLINE_EXIT_NS = 2_000_000
 INLINE_EXIT_STRIKES = 2
@@ -57,13 +61,14 @@ HANDOFF_TIMEOUT_S = 0.002
 class _Mode:
     """Per-instance execution-mode bookkeeping (see the module docstring)."""
 
-    __slots__ = ("allowed", "forced", "inline", "fast_streak", "cooldown", "strikes")
+    __slots__ = ("allowed", "forced", "inline", "fast_streak", "slow_walls", "cooldown", "strikes")
 
     def __init__(self, allowed: bool, forced: bool) -> None:
         self.allowed = allowed
         self.forced = forced
         self.inline = forced
         self.fast_streak = 0
+        self.slow_walls = 0  # executions of the current streak that took INLINE_EXIT_NS of wall time or more
         self.cooldown = 0
         self.strikes = 0
 
@@ -74,14 +79,18 @@ class _Mode:
             self.cooldown -= 1
             return
         # the worker thread's CPU time is what the loop would spend inline; its wall time also counts waits
-        # for the GIL while the loop is busy (under load that alone can exceed INLINE_ENTER_NS), and is
-        # bounded separately so a model that sleeps or waits on I/O never goes inline
-        if cpu_ns < INLINE_ENTER_NS and duration_ns < INLINE_EXIT_NS:
-            self.fast_streak += 1
-            if self.fast_streak >= INLINE_WINDOW:
+        # for the GIL while the loop is busy (under load that alone can exceed INLINE_EXIT_NS at times), and
+        # is bounded separately so a model that sleeps or waits on I/O (slow every time) never goes inline
+        if cpu_ns >= INLINE_ENTER_NS:
+            self.fast_streak = self.slow_walls = 0
+            return
+        self.fast_streak += 1
+        if duration_ns >= INLINE_EXIT_NS:
+            self.slow_walls += 1
+        if self.fast_streak >= INLINE_WINDOW:
+            if self.slow_walls <= INLINE_SLOW_WALLS:
                 self.inline = True
-        else:
-            self.fast_streak = 0
+            self.fast_streak = self.slow_walls = 0  # else the next INLINE_WINDOW is judged afresh
 
     def after_inline(self, duration_ns: int) -> None:
         if duration_ns <= INLINE_EXIT_NS or self.forced:
@@ -90,7 +99,7 @@ class _Mode:
         self.strikes += 1
         if self.strikes >= INLINE_EXIT_STRIKES:
             self.inline = False
-            self.fast_streak = 0
+            self.fast_streak = self.slow_walls = 0
             self.strikes = 0
             self.cooldown = INLINE_COOLDOWN
 

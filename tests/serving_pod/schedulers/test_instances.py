@@ -171,3 +171,47 @@ async def test_a_hand_off_to_a_busy_worker_gives_up_and_the_execution_still_runs
         results = [*(await first), *(await second)]
     assert [r.outputs[0].data.tolist() for r in results] == [[2.0], [6.0]]
     assert pool.stats.execution_count == 2
+
+
+# -- when an ``auto`` instance goes inline: its threaded executions' CPU and wall times ----------------------
+
+FAST_CPU = instances.INLINE_ENTER_NS // 10
+SLOW_WALL = instances.INLINE_EXIT_NS * 2
+QUICK_WALL = instances.INLINE_EXIT_NS // 10
+
+
+def _executions_until_inline(walls: list[int], cpu_ns: int = FAST_CPU, limit: int = 2000) -> int | None:
+    """Threaded executions (wall times cycled from ``walls``) until the mode goes inline; None if it never does."""
+    mode = instances._Mode(allowed=True, forced=False)
+    for count in range(1, limit + 1):
+        mode.after_thread(walls[count % len(walls)], cpu_ns)
+        if mode.inline:
+            return count
+    return None
+
+
+def test_a_fast_instance_goes_inline_after_one_window():
+    assert _executions_until_inline([QUICK_WALL]) == instances.INLINE_WINDOW
+
+
+def test_a_fast_instance_whose_thread_waits_for_the_gil_now_and_then_still_goes_inline():
+    # one execution in 8 waits past INLINE_EXIT_NS for the GIL (a busy loop): before, each reset the streak
+    assert _executions_until_inline([SLOW_WALL] + [QUICK_WALL] * 7) == instances.INLINE_WINDOW
+
+
+def test_instances_that_wait_or_compute_stay_on_their_thread():
+    assert _executions_until_inline([SLOW_WALL]) is None  # sleeps or waits on I/O every time
+    assert _executions_until_inline([SLOW_WALL, SLOW_WALL, QUICK_WALL]) is None  # most of the time
+    assert _executions_until_inline([QUICK_WALL], cpu_ns=instances.INLINE_ENTER_NS) is None  # too much CPU
+
+
+def test_a_slow_execution_restarts_the_count():
+    mode = instances._Mode(allowed=True, forced=False)
+    for _ in range(instances.INLINE_WINDOW - 1):
+        mode.after_thread(QUICK_WALL, FAST_CPU)
+    mode.after_thread(QUICK_WALL, instances.INLINE_ENTER_NS)  # one execution with too much CPU
+    for _ in range(instances.INLINE_WINDOW - 1):
+        mode.after_thread(QUICK_WALL, FAST_CPU)
+    assert not mode.inline
+    mode.after_thread(QUICK_WALL, FAST_CPU)
+    assert mode.inline
