@@ -103,11 +103,8 @@ class ModelStats:
         """The successful requests of one execution (their request and queue times), each charged the whole
         compute time: what ``record_success`` for each would record."""
         count = len(request_ns)
-        success, queue = self.success, self.queue
-        success.count += count
-        success.ns += sum(request_ns)
-        queue.count += count
-        queue.ns += sum(queue_ns)
+        self.success.add(sum(request_ns), count)
+        self.queue.add(sum(queue_ns), count)
         self.compute_input.add(input_ns * count, count)
         self.compute_infer.add(infer_ns * count, count)
         self.compute_output.add(output_ns * count, count)

@@ -97,8 +97,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def end_message(self) -> None:
         """The whole request is in: no read deadline until the next one begins."""
         self._mid_message = False
-        if self._deadline is not None:
-            self._disarm()
+        self._disarm()
 
     # --- internals ---------------------------------------------------------------------------
     def _arm(self) -> None:
