@@ -223,7 +223,7 @@ class InferenceRequest:
     def parameters(self) -> str:
         from serving_pod.backends import python_bridge
 
-        return python_bridge.parameters_json(self._domain.parameters)
+        return python_bridge.parameters_json(self._domain.parameters, self._domain.custom_reserved)
 
     def trace(self) -> _Trace:
         return _Trace()

@@ -63,11 +63,15 @@ def triton_error(exc: BaseException) -> pb_utils.TritonError:
     return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
 
 
-def parameters_json(parameters: dict[str, Any]) -> str:
-    """Triton's ``request.parameters()``: the client's custom parameters as a JSON string."""
-    if not parameters:
+def parameters_json(parameters: dict[str, Any], custom_reserved: dict[str, Any] | None = None) -> str:
+    """Triton's ``request.parameters()``: the client's custom parameters as a JSON string (``custom_reserved``:
+    a BLS caller's custom parameters named like reserved ones, see ``bls_domain_request``)."""
+    if not parameters and not custom_reserved:
         return "{}"
-    return json.dumps({k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS})
+    custom = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
+    if custom_reserved:
+        custom.update(custom_reserved)
+    return json.dumps(custom)
 
 
 class ResponseLink:
@@ -165,7 +169,13 @@ def bls_domain_request(
     timeout: int,
     parameters: dict[str, Any],
 ) -> InferRequest:
-    """A BLS ``pb_utils.InferenceRequest(...)`` -> the engine's request."""
+    """A BLS ``pb_utils.InferenceRequest(...)`` -> the engine's request.
+
+    ``parameters`` are custom, as in Triton, whose python backend sets each on the called request with
+    ``TRITONSERVER_InferenceRequestSet*Parameter``: one named ``timeout`` or ``sequence_id`` is not the
+    request's timeout or correlation id (those are the arguments) but reaches the called model's
+    ``request.parameters()`` like any other (``InferRequest.custom_reserved``).
+    """
     tensors: list[DomainTensor] = []
     for tensor in inputs:
         if not isinstance(tensor, pb_utils.Tensor):
@@ -182,7 +192,8 @@ def bls_domain_request(
         if datatype is None or WIRE_TO_NUMPY.get(datatype) != array.dtype:
             datatype = wire_datatype(array)
         tensors.append(DomainTensor(tensor._name, datatype, array))
-    params = dict(parameters)
+    params = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
+    custom_reserved = {k: v for k, v in parameters.items() if k in RESERVED_PARAMETERS} or None
     if correlation_id:
         params["sequence_id"] = correlation_id
     if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
@@ -193,7 +204,8 @@ def bls_domain_request(
         params["timeout"] = int(timeout)
     outputs = [RequestedOutput(str(n)) for n in requested_output_names] or None
     version = "" if model_version is None or int(model_version) < 0 else str(int(model_version))
-    return InferRequest(str(model_name), version, tensors, outputs, str(request_id), params)
+    return InferRequest(str(model_name), version, tensors, outputs, str(request_id), params,
+                        custom_reserved=custom_reserved)
 
 
 def pb_response(item: Any) -> pb_utils.InferenceResponse:
@@ -222,7 +234,7 @@ def bls_exec(engine: Any, request: InferRequest, decoupled: bool) -> Any:
     # A fresh engine request per call: the same BLS object may be executed more than once.
     call = InferRequest(
         request.model_name, request.model_version, request.inputs, request.outputs,
-        request.id, dict(request.parameters),
+        request.id, dict(request.parameters), custom_reserved=request.custom_reserved,
     )
     if decoupled:
         call.cancelled = getattr(engine, "new_cancel_event", threading.Event)()

@@ -46,16 +46,17 @@ def request_to_wire(request: InferRequest) -> tuple:
     outputs = None if request.outputs is None else [(o.name, o.parameters) for o in request.outputs]
     return (request.model_name, request.model_version, request.id, request.parameters,
             tensors_to_wire(request.inputs), outputs, request.arrival_ns,
-            request.responder is not None, request.cancelled is not None)
+            request.responder is not None, request.cancelled is not None, request.custom_reserved)
 
 
 def request_from_wire(wire: tuple) -> InferRequest:
-    model, version, request_id, parameters, inputs, outputs, arrival_ns, responder, cancelled = wire
+    model, version, request_id, parameters, inputs, outputs, arrival_ns, responder, cancelled, custom_reserved = wire
     return InferRequest(
         model, version, tensors_from_wire(inputs),
         None if outputs is None else [RequestedOutput(name, params) for name, params in outputs],
         request_id, parameters, arrival_ns,
         responder=True if responder else None, cancelled=True if cancelled else None,
+        custom_reserved=custom_reserved,
     )
 
 

@@ -57,6 +57,9 @@ class InferRequest:
     responder: Any = None
     #: set when the client went away; backends may poll ``cancelled.is_set()``.
     cancelled: Any = None
+    #: custom parameters named like reserved ones (``timeout``, ``sequence_id``...), which only a python BLS
+    #: call can send: the called model sees them in ``request.parameters()``, no scheduler reads them.
+    custom_reserved: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -125,6 +125,7 @@ class EnsembleScheduler:
             request.id,
             dict(parameters),
             cancelled=request.cancelled,
+            custom_reserved=request.custom_reserved,
         )
         start_ns = time.monotonic_ns()
         response = await self.engine.infer(step_request)

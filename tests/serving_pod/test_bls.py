@@ -7,6 +7,7 @@ sequence requests with correlation id and flags, and BLS errors.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def server(tmp_path_factory):
     from support.server import ServerThread, make_options
 
     repo = tmp_path_factory.mktemp("bls_repo")
-    for name in ("bls_router", "dec_counter"):
+    for name in ("bls_router", "dec_counter", "params_echo"):
         shutil.copytree(DATA / name, repo / name)
     make_add_sub_model(repo / "add_sub", "TYPE_FP32", dims=(4,), max_batch=8)
     make_state_model(repo / "onnx_acc")
@@ -60,6 +61,26 @@ def test_bls_streams_from_a_decoupled_model(server, protocol: str) -> None:
 def test_bls_sequence_uses_correlation_id_and_flags(server) -> None:
     np.testing.assert_array_equal(_call(server, "grpc", "sequence", [5, 6, 7, 0]), [5, 11, 18])
     np.testing.assert_array_equal(_call(server, "grpc", "sequence", [1, 1, 1, 0]), [1, 2, 3])  # restarted
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_custom_parameters_named_like_reserved_ones_reach_the_called_model(server, protocol: str) -> None:
+    """As in Triton, a BLS call's ``parameters`` are all custom: ``timeout`` or ``sequence_id`` among them is
+    neither checked as nor taken for the request's timeout or correlation id (the arguments are)."""
+    module, client = server.module(protocol), server.client(protocol)
+    tensor = module.InferInput("X", [4], "FP32")
+    tensor.set_data_from_numpy(np.zeros(4, np.float32))
+    try:
+        result = client.infer("bls_router", [tensor], parameters={"mode": "params"})
+    finally:
+        client.close()
+    response = result.get_response()
+    params = response["parameters"] if protocol == "http" else {
+        k: v.string_param for k, v in response.parameters.items()}
+    parameters, correlation_id, timeout = json.loads(params["echo"])
+    assert json.loads(parameters) == {"timeout": "soon", "sequence_id": "not-a-sequence", "priority": "high",
+                                      "note": 1}
+    assert (correlation_id, timeout) == ("77", "5000000")
 
 
 def test_bls_error_reaches_the_client(server) -> None:

@@ -24,11 +24,12 @@ def test_a_request_keeps_its_tensors_outputs_parameters_and_flags() -> None:
     request = InferRequest(
         "m", "2", [Tensor("A", "FP32", fp32), Tensor("B", "BYTES", words, {"p": 1}), Tensor("C", "FP16", half)],
         [RequestedOutput("Y", {"binary_data": True, "classification": 2})], "id-7", {"priority": 3},
-        arrival_ns=1234, responder=lambda *a: None, cancelled=object(),
+        arrival_ns=1234, responder=lambda *a: None, cancelled=object(), custom_reserved={"timeout": "soon"},
     )
     back = request_from_wire(_crossed(request_to_wire(request)))
     assert (back.model_name, back.model_version, back.id, back.parameters, back.arrival_ns) == (
         "m", "2", "id-7", {"priority": 3}, 1234)
+    assert back.custom_reserved == {"timeout": "soon"}  # a BLS caller's, for the isolated model's parameters()
     assert [(t.name, t.datatype, t.parameters) for t in back.inputs] == [
         ("A", "FP32", {}), ("B", "BYTES", {"p": 1}), ("C", "FP16", {})]
     assert np.array_equal(back.inputs[0].data, fp32) and back.inputs[0].data.dtype == np.float32
@@ -44,6 +45,7 @@ def test_a_request_without_outputs_responder_or_cancel_flag_gets_none() -> None:
     request = InferRequest("m", "", [Tensor("A", "INT64", np.zeros((0,), np.int64))])
     back = request_from_wire(_crossed(request_to_wire(request)))
     assert back.outputs is None and back.responder is None and back.cancelled is None
+    assert back.custom_reserved is None
     assert back.inputs[0].data.shape == (0,) and back.inputs[0].data.dtype == np.int64
 
 

@@ -4,7 +4,9 @@
 - "stream": Y = [the OUT values] of decoupled ``dec_counter`` with COUNT = X[0], via ``exec(decoupled=True)``;
 - "sequence": Y = the outputs of three requests of one sequence (START, -, END) to ONNX ``onnx_acc``,
   sent with correlation_id and flags;
-- "missing": a BLS call to a model that does not exist; its error becomes this request's error.
+- "missing": a BLS call to a model that does not exist; its error becomes this request's error;
+- "params": a call to ``params_echo`` with custom parameters named like Triton's reserved ones, a correlation
+  id and a timeout; Y is empty and the response parameter "echo" is what ``params_echo`` saw, as JSON.
 """
 import json
 
@@ -18,12 +20,28 @@ class TritonPythonModel:
         for request in requests:
             mode = json.loads(request.parameters()).get("mode", "sync")
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if mode == "params":
+                responses.append(self._params(x))
+                continue
             try:
                 y = await self._route(mode, x, request.request_id())
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
             except pb_utils.TritonModelException as exc:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
         return responses
+
+    def _params(self, x):
+        bls = pb_utils.InferenceRequest(
+            model_name="params_echo", inputs=[pb_utils.Tensor("X", x)], requested_output_names=["OUT"],
+            correlation_id=77, timeout=5_000_000,
+            parameters={"timeout": "soon", "sequence_id": "not-a-sequence", "priority": "high", "note": 1},
+        )
+        result = bls.exec()
+        if result.has_error():
+            return pb_utils.InferenceResponse(error=result.error())
+        seen = [v.decode() for v in pb_utils.get_output_tensor_by_name(result, "OUT").as_numpy()]
+        return pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros(0, np.float32))],
+                                          parameters={"echo": json.dumps(seen)})
 
     async def _route(self, mode, x, request_id):
         if mode in ("sync", "async", "missing"):
