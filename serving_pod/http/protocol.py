@@ -43,9 +43,8 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: infer targets seen, each to its (model, version) or None (not an infer target); cleared when full
 _TARGETS: dict[bytes, tuple[str, str] | None] = {}
 _TARGETS_MAX = 1024
-#: status -> status line and default headers, for the default header list ``_HEADS_OF``
-_HEADS: dict[int, bytes] = {}
-_HEADS_OF: list[tuple[bytes, bytes]] | None = None
+#: status -> (the default header list, status line and those headers); see ``_status_head``
+_HEADS: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 _INTERNAL = b"Internal Server Error"
 
 
@@ -83,16 +82,14 @@ class InferCycle:
 def _status_head(status: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     """The status line and uvicorn's default headers (``date`` and ``--header``s), made once per list.
 
-    uvicorn replaces the list every second (a new ``date``), which starts a new cache.
+    uvicorn replaces the list every second (a new ``date``). Each entry keeps the list it was made from and
+    is replaced as one tuple, so servers in threads of one process never get each other's headers.
     """
-    global _HEADS_OF
-    if default_headers is not _HEADS_OF:
-        _HEADS.clear()
-        _HEADS_OF = default_headers
-    head = _HEADS.get(status)
-    if head is None:
-        head = _HEADS[status] = STATUS_LINE[status] + b"".join(
-            b"%s: %s\r\n" % (name, value) for name, value in default_headers)
+    entry = _HEADS.get(status)
+    if entry is not None and entry[0] is default_headers:
+        return entry[1]
+    head = STATUS_LINE[status] + b"".join(b"%s: %s\r\n" % (name, value) for name, value in default_headers)
+    _HEADS[status] = (default_headers, head)
     return head
 
 

@@ -331,6 +331,15 @@ def test_status_head_is_made_again_for_a_new_header_list():
     assert protocol._status_head(200, []) == b"HTTP/1.1 200 OK\r\n"
 
 
+def test_status_heads_of_two_servers_in_one_process_stay_apart():
+    """Each server's uvicorn has its own list; alternating between them never answers with the other's."""
+    mine, theirs = [(b"server", b"mine")], [(b"server", b"theirs")]
+    for _ in range(3):
+        assert protocol._status_head(200, mine) == b"HTTP/1.1 200 OK\r\nserver: mine\r\n"
+        assert protocol._status_head(200, theirs) == b"HTTP/1.1 200 OK\r\nserver: theirs\r\n"
+    assert protocol._status_head(200, theirs) is protocol._status_head(200, theirs)  # made once per list
+
+
 @pytest.mark.parametrize("url, target", [
     (b"/v2/models/idt/infer", ("idt", "")),
     (b"/v2/models/idt/versions/3/infer", ("idt", "3")),
