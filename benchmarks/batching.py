@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import sys
 from dataclasses import asdict
@@ -162,6 +163,23 @@ def format_table(summaries: list[report.Summary]) -> str:
     return "\n".join(lines)
 
 
+def cpu_ceiling(batched: report.Summary, unbatched: report.Summary, cpus: int) -> str:
+    """What the CPU per inference allows when perf_analyzer shares the server's ``cpus``.
+
+    Batched throughput cannot pass ``cpus / (server + client CPU per inference)``: every inference costs the
+    machine both. Divided by the unbatched throughput measured, that is the most batching could have given
+    at this point; where it is under the target, the target is out of reach on this machine whatever the
+    batcher does (benchmarks/README.md, "Dynamic batching on/off"). Empty when a figure is missing.
+    """
+    b, c, u = batched.server_cpu_us, batched.client_cpu_us, unbatched.throughput
+    if not all(math.isfinite(x) and x > 0 for x in (b, c, u)):
+        return ""
+    most = cpus / ((b + c) / 1e6)
+    return (f"CPU per inference at c={batched.concurrency}: batched {b:.0f} us server + {c:.0f} us client, "
+            f"unbatched {unbatched.server_cpu_us:.0f} + {unbatched.client_cpu_us:.0f} us; on {cpus} shared CPUs "
+            f"batched throughput is at most {most:.0f} infer/s, {most / u:.2f}x the unbatched {u:.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pa, stamp = loadgen.start_run()
@@ -214,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nserver statistics (all rounds):")
     for label in (BATCHED, UNBATCHED):
         print("  " + format_profile(label, profiles[label]))
+    by = {(s.server, s.concurrency): s for s in summaries}
+    target = by.get((BATCHED, TARGET_CONCURRENCY)), by.get((UNBATCHED, TARGET_CONCURRENCY))
+    if None not in target and not args.client_cpus:
+        print(cpu_ceiling(*target, os.cpu_count() or 1))
     if ratio is not None:
         verdict = "OK" if ratio.throughput_ratio >= TARGET_RATIO else "MISS"
         by_round = " ".join(f"{r:.2f}" for r in ratio.throughput_rounds)
@@ -224,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"kind": "batching", "started_utc": stamp, "server": args.server, "model": args.model,
                "protocol": args.protocol, "server_argv": list(spec.argv), "client_cpus": list(args.client_cpus),
                "loopback": loopback.as_dict(),
-               "average_batch_size": {label: profile["batch_size"] for label, profile in profiles.items()},
                "server_profile": profiles,
                "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],
                "ratio_c16": asdict(ratio) if ratio else None}

@@ -47,6 +47,17 @@ def test_table_lists_ratio_per_concurrency() -> None:
     assert ratio.throughput_ratio == 3.0 and math.isclose(ratio.p99_ratio, 0.4)
 
 
+def test_cpu_ceiling_is_the_shared_cpus_over_server_and_client_cpu_per_inference() -> None:
+    s = report.Summary
+    batched = s("batched", "http", 16, 6500.0, 5000.0, 3, server_cpu_us=143.0, client_cpu_us=113.0)
+    unbatched = s("unbatched", "http", 16, 4700.0, 6000.0, 3, server_cpu_us=211.0, client_cpu_us=118.0)
+    line = batching.cpu_ceiling(batched, unbatched, 2)
+    # 2 CPUs / 256 us = 7812.5 infer/s at most, 1.66x the 4700 measured unbatched
+    assert "batched 143 us server + 113 us client" in line and "at most 7812 infer/s, 1.66x" in line
+    no_client = s("batched", "http", 16, 6500.0, 5000.0, 3, server_cpu_us=143.0)  # CPU not read: no claim
+    assert batching.cpu_ceiling(no_client, unbatched, 2) == ""
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     m = report.Measurement
