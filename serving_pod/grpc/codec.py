@@ -1,7 +1,9 @@
 """gRPC codec: ``ModelInferRequest`` <-> ``InferRequest``, ``InferResponse`` -> ``ModelInferResponse``.
 
 Protobuf never leaves ``serving_pod.grpc``. Inputs come from ``raw_input_contents`` (zero-copy views)
-or typed ``contents``; outputs always go out as ``raw_output_contents``, as Triton does.
+or typed ``contents``; outputs always go out as ``raw_output_contents``, as Triton does. The native front
+end hands ``ModelInfer`` its message serialized (``decode_serialized``: a repeated message is built from a
+template, ``templates``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from google.protobuf.message import DecodeError
+
 from serving_pod.core import datatypes
-from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.errors import InternalError, InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from serving_pod.grpc import templates
 
 _CONTENT_FIELDS = {
     "BOOL": "bool_contents",
@@ -95,6 +100,22 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         id=message.id,
         parameters=parameters_to_dict(message.parameters) if message.parameters else {},
     )
+
+
+def decode_serialized(body: bytes) -> InferRequest:
+    """A serialized ``ModelInferRequest`` -> ``InferRequest``: from a template when one fits (``templates``),
+    else parsed, decoded and offered to the templates. A message protobuf cannot parse is an ``InternalError``
+    ("Failed to parse the request", as grpcio reports it)."""
+    request = templates.lookup(body)
+    if request is not None:
+        return request
+    try:
+        message = pb.ModelInferRequest.FromString(body)
+    except DecodeError as error:
+        raise InternalError(f"Failed to parse the request: {error}") from None
+    request = decode_infer_request(message)
+    templates.learn(body, message, request)
+    return request
 
 
 def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -38,7 +38,9 @@ class Method:
 
     path: bytes
     handler: Callable[..., Any]
-    request_class: Any
+    #: bytes -> what the handler takes: the request class's ``FromString``, or the bytes themselves for a
+    #: unary handler marked ``wire.takes_serialized``
+    parse: Callable[[bytes], Any]
     client_streaming: bool
     server_streaming: bool
 
@@ -49,10 +51,10 @@ def method_table(services: list[tuple[Any, Any]]) -> dict[bytes, Method]:
     for descriptor, servicer in services:
         for method in descriptor.methods:
             path = f"/{descriptor.full_name}/{method.name}".encode()
-            table[path] = Method(
-                path, getattr(servicer, method.name), message_factory.GetMessageClass(method.input_type),
-                method.client_streaming, method.server_streaming,
-            )
+            handler = getattr(servicer, method.name)
+            serialized = getattr(handler, "takes_serialized", False) and not method.client_streaming
+            parse = bytes if serialized else message_factory.GetMessageClass(method.input_type).FromString
+            table[path] = Method(path, handler, parse, method.client_streaming, method.server_streaming)
     return table
 
 
@@ -236,7 +238,7 @@ class GrpcConnection:
         self._finish(call, error.code, error.details)
 
     async def _requests(self, call: Call):
-        parse = call.method.request_class.FromString
+        parse = call.method.parse
         queue = call.queue
         while True:
             message = await queue.get()  # type: ignore[union-attr]
@@ -251,7 +253,7 @@ class GrpcConnection:
         try:
             if message is not None:
                 try:
-                    request: Any = method.request_class.FromString(message)
+                    request: Any = method.parse(message)
                 except Exception as error:  # noqa: BLE001 - a malformed protobuf
                     raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to parse the request: {error}") from None
             else:

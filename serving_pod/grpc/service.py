@@ -21,9 +21,10 @@ from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest
-from serving_pod.grpc.codec import decode_infer_request, encode_infer_response
+from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
+from serving_pod.grpc.wire import takes_serialized
 
 log = logging.getLogger("ferry.grpc")
 
@@ -104,9 +105,13 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             await _abort(context, error)
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
-    async def ModelInfer(self, request, context):
+    @takes_serialized
+    async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context):
         try:
-            infer_request = decode_infer_request(request)
+            if type(request) is bytes:  # the native front end's
+                infer_request = decode_serialized(request)
+            else:
+                infer_request = decode_infer_request(request)
             if self.header_forward is not None:
                 self._forward(infer_request, context)
             response = await self.engine.infer(infer_request)

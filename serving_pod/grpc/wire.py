@@ -24,6 +24,13 @@ RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-ac
 ACCEPT_ENCODING = b"identity,deflate,gzip"
 
 
+def takes_serialized(handler: Any) -> Any:
+    """Mark a unary servicer method the native front end calls with its request still serialized (``bytes``),
+    to decode as it likes; it must take the parsed message too (what grpc.aio's server gives it)."""
+    handler.takes_serialized = True
+    return handler
+
+
 def response_header_list(algorithm: bytes | None) -> list[tuple[bytes, bytes]]:
     """A response's leading headers when its messages use ``algorithm`` (None: uncompressed)."""
     headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]

@@ -1,0 +1,153 @@
+"""gRPC request templates (``serving_pod.grpc.templates``): a repeated ``ModelInferRequest`` is parsed once.
+
+Covered: a request built from a template equals the one the full parse gives (fixed-size and BYTES inputs,
+with and without outputs and parameters) and views the message's bytes; which messages never become
+templates; messages of a template's size that are not built from it (another prefix, entries split
+differently) get the full parse; what each bad message gets (a malformed protobuf: INTERNAL "Failed to parse
+the request"; tensor bytes of the wrong size: the full parse's INVALID_ARG); the table's bound; and a served
+model answering repeated requests from tritonclient over gRPC with the right outputs for each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from serving_pod.core.errors import InternalError, InvalidArgumentError
+from serving_pod.grpc import templates
+from serving_pod.grpc.codec import decode_infer_request, decode_serialized
+from support.server import DEFAULT_MODELS
+
+
+@pytest.fixture(autouse=True)
+def _empty_table():
+    templates.clear()
+    yield
+    templates.clear()
+
+
+def _message(*inputs: tuple[str, str, list[int], bytes], outputs: tuple[str, ...] = ("Y",), request_id: str = "",
+             parameters: dict | None = None) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m", model_version="2", id=request_id)
+    for name, datatype, shape, data in inputs:
+        message.inputs.add(name=name, datatype=datatype, shape=shape)
+        message.raw_input_contents.append(data)
+    for name in outputs:
+        message.outputs.add(name=name).parameters["classification"].int64_param = 2
+    for key, value in (parameters or {}).items():
+        message.parameters[key].string_param = value
+    return message
+
+
+def _elements(*items: bytes) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+
+
+def _same(a, b) -> None:
+    assert (a.model_name, a.model_version, a.id, a.parameters) == (b.model_name, b.model_version, b.id, b.parameters)
+    assert [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in a.inputs] == \
+           [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in b.inputs]
+    for x, y in zip(a.inputs, b.inputs):
+        np.testing.assert_array_equal(x.data, y.data)
+    assert a.outputs == b.outputs
+
+
+def test_a_repeated_message_is_built_from_its_template_with_the_same_result() -> None:
+    def message(start: int, words: tuple[bytes, bytes]) -> pb.ModelInferRequest:
+        return _message(("A", "INT32", [1, 4], np.arange(start, start + 4, dtype="<i4").tobytes()),
+                        ("B", "BYTES", [2], _elements(*words)), parameters={"note": "x"})
+
+    first = message(0, (b"ab", b"c")).SerializeToString()
+    _same(decode_serialized(first), decode_infer_request(pb.ModelInferRequest.FromString(first)))
+    second = message(10, (b"xy", b"z")).SerializeToString()
+    assert len(second) == len(first) and templates.lookup(second) is not None
+    built = decode_serialized(second)
+    _same(built, decode_infer_request(pb.ModelInferRequest.FromString(second)))
+    assert built.inputs[0].data.tolist() == [[10, 11, 12, 13]] and built.inputs[1].data.tolist() == [b"xy", b"z"]
+    assert built.inputs[0].data.base.base is second  # a view of the message (reshaped), no copy
+    assert built.outputs[0].parameters == {"classification": 2}
+    other = decode_serialized(second)
+    other.parameters["forwarded"] = "header"  # what header forwarding does to a request
+    assert "forwarded" not in decode_serialized(second).parameters
+
+
+def test_without_outputs_or_parameters_too() -> None:
+    body = _message(("X", "FP32", [16], np.ones(16, "<f4").tobytes()), outputs=()).SerializeToString()
+    decode_serialized(body)
+    built = templates.lookup(body)
+    assert built is not None and built.outputs is None and built.parameters == {}
+    _same(built, decode_infer_request(pb.ModelInferRequest.FromString(body)))
+
+
+def test_messages_that_never_become_templates() -> None:
+    numbered = _message(("X", "FP32", [1], b"\0" * 4), request_id="7").SerializeToString()
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="X", datatype="INT32", shape=[2]).contents.int_contents.extend([1, 2])
+    shm = pb.ModelInferRequest(model_name="m")
+    shm.inputs.add(name="X", datatype="FP32", shape=[1]).parameters["shared_memory_region"].string_param = "r"
+    for body in (numbered, typed.SerializeToString(), shm.SerializeToString()):
+        decode_serialized(body)
+        assert templates.lookup(body) is None
+    assert decode_serialized(numbered).id == "7"
+
+
+def test_same_size_messages_that_do_not_fit_a_template_get_the_full_parse() -> None:
+    def two(first: bytes, second: bytes) -> bytes:
+        return _message(("A", "BYTES", [1], _elements(first)), ("B", "BYTES", [1], _elements(second))).SerializeToString()
+
+    learned = two(b"x" * 10, b"y" * 20)
+    decode_serialized(learned)
+    resplit = two(b"x" * 15, b"y" * 15)  # same prefix and size, the entries split elsewhere
+    assert len(resplit) == len(learned) and templates.lookup(resplit) is None
+    assert decode_serialized(resplit).inputs[1].data.tolist() == [b"y" * 15]
+    renamed = _message(("A", "BYTES", [1], _elements(b"x" * 10)),
+                       ("C", "BYTES", [1], _elements(b"y" * 20))).SerializeToString()
+    assert len(renamed) == len(learned) and templates.lookup(renamed) is None
+    assert [t.name for t in decode_serialized(renamed).inputs] == ["A", "C"]
+    assert templates.lookup(renamed) is not None  # two templates of one size, each found
+
+
+@pytest.mark.parametrize(("body", "error", "message"), [
+    (b"\xff\xff\xff\xff", InternalError, "Failed to parse the request"),
+    (_message(("X", "FP32", [1, 16], b"\0" * 60)).SerializeToString(), InvalidArgumentError,
+     "input 'X': expected 64 bytes of FP32 data for shape [1, 16], got 60"),
+    (_message(("X", "BYTES", [2], _elements(b"a"))).SerializeToString(), InvalidArgumentError, ""),
+])
+def test_bad_messages_get_the_full_parse_error(body: bytes, error: type, message: str) -> None:
+    decode_serialized(_message(("X", "FP32", [1, 16], b"\0" * 64)).SerializeToString())  # a template beside
+    with pytest.raises(error) as raised:
+        decode_serialized(body)
+    assert raised.value.message.startswith(message)
+
+
+def test_bytes_elements_are_checked_for_every_message() -> None:
+    good = _message(("B", "BYTES", [2], _elements(b"ab", b"c"))).SerializeToString()
+    decode_serialized(good)
+    bad = _message(("B", "BYTES", [2], _elements(b"abcdefg"))).SerializeToString()  # one element for a shape of 2
+    assert len(bad) == len(good)
+    with pytest.raises(InvalidArgumentError):
+        decode_serialized(bad)
+
+
+def test_the_table_is_bounded() -> None:
+    for index in range(templates.MAX_TEMPLATES + 3):
+        decode_serialized(_message((f"I{index}", "FP32", [1], b"\0" * 4)).SerializeToString())
+    assert 0 < sum(len(group) for group in templates._templates.values()) <= templates.MAX_TEMPLATES
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_repeated_grpc_requests_get_the_answer_for_their_own_data(threaded_server, grpc_server: str) -> None:
+    server = threaded_server([DEFAULT_MODELS], model_control_mode="explicit", load_models=("simple",),
+                             grpc_server=grpc_server)
+    grpc = server.module("grpc")
+    client = server.client("grpc")
+    for start in range(3):  # the same message each time, other tensor bytes
+        a = np.arange(start, start + 16, dtype=np.int32).reshape(1, 16)
+        b = np.full((1, 16), start, dtype=np.int32)
+        inputs = [grpc.InferInput("INPUT0", [1, 16], "INT32"), grpc.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("simple", inputs, outputs=[grpc.InferRequestedOutput("OUTPUT0")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    assert (sum(len(group) for group in templates._templates.values()) > 0) == (grpc_server == "native")
