@@ -134,6 +134,50 @@ def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
 
 
+#: (model, version, outputs' names, datatypes and shapes) -> the serialized response up to its tensor bytes
+_RESPONSE_PREFIXES: dict[tuple, bytes] = {}
+_RESPONSE_PREFIXES_MAX = 1024
+_RAW_OUTPUT_TAG = b"\x32"  # field 6 (raw_output_contents), wire type 2 (length-delimited)
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_serialized(response: InferResponse) -> bytes:
+    """``encode_infer_response(response).SerializeToString()``, for the native front end.
+
+    ``raw_output_contents`` is the response's last field, so a response is the serialized rest (model, version,
+    id, outputs' metadata; made once per model, version and output shapes and kept) followed by one entry per
+    output. A response with parameters, on its own or on an output, or with an id, is serialized whole.
+    """
+    outputs = response.outputs
+    if response.parameters or response.id or any(t.parameters for t in outputs):
+        return encode_infer_response(response).SerializeToString()
+    key = (response.model_name, response.model_version, *[(t.name, t.datatype, t.data.shape) for t in outputs])
+    prefix = _RESPONSE_PREFIXES.get(key)
+    if prefix is None:
+        message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version)
+        for tensor in outputs:
+            message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.data.shape)
+        if len(_RESPONSE_PREFIXES) >= _RESPONSE_PREFIXES_MAX:
+            _RESPONSE_PREFIXES.clear()
+        prefix = _RESPONSE_PREFIXES[key] = message.SerializeToString()
+    parts = [prefix]
+    to_raw = datatypes.to_raw
+    for tensor in outputs:
+        raw = to_raw(tensor.datatype, tensor.data)
+        parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+    return b"".join(parts)
+
+
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     message = pb.ModelInferResponse(
         model_name=response.model_name,

@@ -299,7 +299,7 @@ class GrpcConnection:
         if code is not None and code != grpc.StatusCode.OK:
             self._finish(call, code, context.details())  # type: ignore[union-attr]
             return
-        payload = message_frame(result.SerializeToString(), call.compress)
+        payload = message_frame(result if type(result) is bytes else result.SerializeToString(), call.compress)
         trailing = context._trailing  # type: ignore[union-attr]
         trailers = OK_TRAILERS if not trailing else status_block(grpc.StatusCode.OK, "", with_headers=False,
                                                                  trailing=trailing)

@@ -21,7 +21,7 @@ from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest
-from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response
+from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response, encode_serialized
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
 from serving_pod.grpc.wire import takes_serialized
@@ -106,18 +106,17 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
 
     @takes_serialized
-    async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context):
+    async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context) -> bytes | pb.ModelInferResponse:
+        """Serialized in (the native front end), serialized out; a message in (grpc.aio), a message out."""
+        serialized = type(request) is bytes
         try:
-            if type(request) is bytes:  # the native front end's
-                infer_request = decode_serialized(request)
-            else:
-                infer_request = decode_infer_request(request)
+            infer_request = decode_serialized(request) if serialized else decode_infer_request(request)
             if self.header_forward is not None:
                 self._forward(infer_request, context)
             response = await self.engine.infer(infer_request)
         except ServerError as error:
             await _abort(context, error)
-        return encode_infer_response(response)
+        return encode_serialized(response) if serialized else encode_infer_response(response)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context

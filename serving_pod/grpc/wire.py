@@ -26,7 +26,8 @@ ACCEPT_ENCODING = b"identity,deflate,gzip"
 
 def takes_serialized(handler: Any) -> Any:
     """Mark a unary servicer method the native front end calls with its request still serialized (``bytes``),
-    to decode as it likes; it must take the parsed message too (what grpc.aio's server gives it)."""
+    to decode as it likes; it may then answer serialized too. It must take the parsed message as well (what
+    grpc.aio's server gives it) and answer that with a message."""
     handler.takes_serialized = True
     return handler
 

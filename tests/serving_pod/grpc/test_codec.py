@@ -1,0 +1,45 @@
+"""grpc.codec's serialized response (``encode_serialized``): the bytes protobuf itself would write.
+
+Covered: fixed-size, BYTES, several and no outputs, versions and shapes that change, tensor bytes long
+enough for a multi-byte length; the whole-message fallback for responses with parameters (their own or an
+output's) or an id; and the bound on the kept prefixes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from serving_pod.grpc import codec
+from serving_pod.core.types import InferResponse, Tensor
+
+
+def _words(*items: bytes) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = list(items)
+    return array
+
+
+@pytest.mark.parametrize("response", [
+    InferResponse("double_py", "1", [Tensor("OUTPUT0", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16))]),
+    InferResponse("m", "3", [Tensor("A", "INT64", np.arange(6).reshape(2, 3)), Tensor("B", "BYTES", _words(b"x", b""))]),
+    InferResponse("m", "3", [Tensor("A", "INT64", np.arange(3).reshape(1, 3))]),  # the same model, another shape
+    InferResponse("big", "1", [Tensor("Y", "UINT8", np.ones(70000, np.uint8))]),  # a 3-byte length
+    InferResponse("m", "", []),
+    InferResponse("m", "1", [Tensor("Y", "FP32", np.zeros(2, np.float32))], parameters={"sequence_end": True}),
+    InferResponse("m", "1", [Tensor("Y", "FP32", np.zeros(2, np.float32), {"shape": "x"})]),
+    InferResponse("m", "1", [Tensor("Y", "FP32", np.zeros(2, np.float32))], id="req-7"),
+], ids=["fp32", "two outputs", "other shape", "long tensor", "no outputs", "parameters", "output parameters", "id"])
+def test_serialized_responses_are_what_protobuf_writes(response: InferResponse) -> None:
+    for _ in range(2):  # made, then from the kept prefix
+        data = codec.encode_serialized(response)
+        assert data == codec.encode_infer_response(response).SerializeToString()
+        assert pb.ModelInferResponse.FromString(data) == codec.encode_infer_response(response)
+
+
+def test_the_kept_prefixes_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(codec, "_RESPONSE_PREFIXES", {})
+    for index in range(codec._RESPONSE_PREFIXES_MAX + 3):
+        codec.encode_serialized(InferResponse(f"m{index}", "1", [Tensor("Y", "FP32", np.zeros(1, np.float32))]))
+    assert 0 < len(codec._RESPONSE_PREFIXES) <= codec._RESPONSE_PREFIXES_MAX
