@@ -13,6 +13,14 @@ guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's prot
 (pipelining, shutdown, disconnects). uvicorn's ASGI scope is built only for a request that takes the
 ASGI path (``begin_request``), not when its message begins.
 
+Known heads: perf_analyzer, tritonclient and any service calling one model send the same request head (request
+line and headers) every time. An infer request that arrives in one read, is answered on the direct path and
+carries a plain ``content-length`` has its head's bytes kept (``known_heads``, per server, bounded); a later read
+holding exactly such a head and a body of that length is answered without the parser and its dozen callbacks,
+as the parser would have answered it: the same bytes mean the same method, target, keep-alive, body length and
+``InferHead``. Anything else (a partial read, pipelining, chunked or ``expect`` requests, a request in progress,
+``--http-header-forward-pattern``) goes through the parser.
+
 Keep-alive: uvicorn arms a timer after every response and cancels it when the next request arrives. This
 protocol's ``on_response_complete`` (both paths end there) instead notes the time and keeps one timer per
 connection, which re-arms itself for what is left while requests keep coming: an idle connection still
@@ -24,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -57,6 +65,21 @@ class _NoEvent:
 
 
 _NO_EVENT = _NoEvent()
+
+
+class KnownHead(NamedTuple):
+    """What the parser made of a request head seen before (``InferHttpProtocol.known_heads``)."""
+
+    model: str
+    version: str
+    head: InferHead
+    keep_alive: bool
+    content_length: int
+
+
+#: heads kept per server, and their size, at most (the table is emptied when full)
+KNOWN_HEADS_MAX = 64
+KNOWN_HEAD_BYTES = 4096
 
 
 class InferCycle:
@@ -118,11 +141,36 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     cycle: Any  # uvicorn's RequestResponseCycle, or an InferCycle standing in for it
     #: the current request's header names as sent (``ForwardingHttpProtocol``; None: not kept)
     header_names: list[bytes] | None = None
+    #: request heads (without the blank line) answered directly before, of this server (module docstring)
+    known_heads: dict[bytes, KnownHead]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._idle_since = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
+        #: the read being parsed when it began a message, and where its head ends (a head to learn)
+        self._read: bytes | None = None
+        self._head_end = -1
+
+    def data_received(self, data: bytes) -> None:
+        if self._mid_message or not self.direct_infer:
+            super().data_received(data)
+            return
+        end = data.find(b"\r\n\r\n")
+        if end > 0:
+            known = self.known_heads.get(data[:end])
+            if (known is not None and len(data) - end - 4 == known.content_length
+                    and (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing()):
+                cycle = self.cycle = InferCycle(known.model, known.version, known.head, known.keep_alive)
+                cycle.chunks.append(data[end + 4:])
+                cycle.size = known.content_length
+                self._start_answer(cycle)
+                return
+        self._read, self._head_end = data, end
+        try:
+            super().data_received(data)
+        finally:
+            self._read = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._idle_timer is not None:
@@ -191,9 +239,30 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             return
         self.end_message()  # the read deadline (uvicorn's flags mean nothing to an InferCycle)
         if not cycle.response_complete:
-            task = self.loop.create_task(self._answer(cycle))
-            self.tasks.add(task)  # the server's graceful shutdown waits for it
-            task.add_done_callback(self.tasks.discard)
+            if self._read is not None:
+                self._learn(cycle)
+            self._start_answer(cycle)
+
+    def _start_answer(self, cycle: InferCycle) -> None:
+        task = self.loop.create_task(self._answer(cycle))
+        self.tasks.add(task)  # the server's graceful shutdown waits for it
+        task.add_done_callback(self.tasks.discard)
+
+    def _learn(self, cycle: InferCycle) -> None:
+        """Keep the head of a request that was the whole read and had a plain ``content-length`` (docstring)."""
+        end, read = self._head_end, self._read
+        if (end <= 0 or end > KNOWN_HEAD_BYTES or len(read) - end - 4 != cycle.size  # type: ignore[arg-type]
+                or self.expect_100_continue or self.header_forward is not None):
+            return
+        lengths = [value for name, value in self.headers if name == b"content-length"]
+        if (lengths != [b"%d" % cycle.size]
+                or any(name == b"transfer-encoding" for name, _ in self.headers)):
+            return
+        known = self.known_heads
+        if len(known) >= KNOWN_HEADS_MAX:
+            known.clear()
+        known[read[:end]] = KnownHead(cycle.model, cycle.version, cycle.head, cycle.keep_alive,  # type: ignore[index]
+                                      cycle.size)
 
     async def _answer(self, cycle: InferCycle) -> None:
         chunks = cycle.chunks
@@ -291,7 +360,7 @@ def http_protocol(
     settings: dict[str, Any] = {
         "engine": engine, "max_input_size": max_input_size, "max_header_bytes": max_header_bytes,
         "read_timeout_s": read_timeout_s, "direct_infer": "inference" not in (restrictions or {}),
-        "header_forward": header_forward,
+        "header_forward": header_forward, "known_heads": {},
     }
     base = InferHttpProtocol if header_forward is None else ForwardingHttpProtocol
     return type("FerryHttpProtocol", (base,), settings)

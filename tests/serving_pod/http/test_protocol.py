@@ -358,3 +358,102 @@ def test_remembered_infer_targets_are_bounded(monkeypatch):
     for index in range(protocol._TARGETS_MAX * 3):
         assert protocol._infer_target(b"/v2/models/m%d/infer" % index) == (f"m{index}", "")
         assert len(protocol._TARGETS) <= protocol._TARGETS_MAX
+
+
+# --------------------------------------------------------------------------- known heads
+
+
+def _protocol_class(server) -> type:
+    return server.server._http.config.http_protocol_class
+
+
+def _count_parsed_headers(monkeypatch, server) -> list[bytes]:
+    """The header names the parser hands over from now on (none for a read answered by a known head)."""
+    cls, seen = _protocol_class(server), []
+    parent = cls.on_header
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        seen.append(name)
+        parent(self, name, value)
+
+    monkeypatch.setattr(cls, "on_header", on_header)
+    return seen
+
+
+def _data_body(*values: float) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, len(values)], "datatype": "FP32",
+                                     "data": list(values)}]})
+
+
+def test_a_known_head_is_answered_without_the_parser_with_each_bodys_answer(server, monkeypatch):
+    parsed = _count_parsed_headers(monkeypatch, server)
+    wire = Wire(_port(server))
+    try:
+        for value in range(1, 5):  # bodies of one length, so one head
+            wire.send(_request("/v2/models/idt/infer", _data_body(value, value + 1)))
+            status, _, answer = wire.response()
+            assert status == 200 and _outputs(answer) == [value, value + 1]
+        assert parsed == [b"Host", b"Content-Length"]  # the first request only
+        (known,) = _protocol_class(server).known_heads.values()
+        assert (known.model, known.version, known.keep_alive) == ("idt", "", True)
+        # a known head whose body comes in a second read: the parser's, with the same answer
+        request = _request("/v2/models/idt/infer", _data_body(8, 9))
+        wire.send(request[:-5])
+        time.sleep(0.2)
+        wire.send(request[-5:])
+        assert _outputs(wire.response()[2]) == [8, 9]
+        # two known requests in one read (pipelined): the parser's, answered in order
+        wire.send(_request("/v2/models/idt/infer", _data_body(1, 2)) + _request("/v2/models/idt/infer", _data_body(3, 4)))
+        assert [_outputs(wire.response()[2]) for _ in range(2)] == [[1, 2], [3, 4]]
+        assert len(parsed) == 2 * 4  # the first, the split and the two pipelined requests
+    finally:
+        wire.close()
+
+
+def test_heads_that_are_never_known(server):
+    """Bad requests, chunked and expect-100 bodies, HTTP/1.0 and other routes are not kept; every answer stays right."""
+    known = _protocol_class(server).known_heads
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (BODY[:10], BODY[10:])) + b"0\r\n\r\n"
+    for _ in range(2):
+        wire = Wire(_port(server))
+        try:
+            wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "abc"}))
+            assert wire.response()[0] == 400
+            wire.send(_request("/v2/models/nope/infer"))
+            assert wire.response()[0] == 404
+            wire.send(b"POST /v2/models/idt/infer HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+            assert _outputs(wire.response()[2]) == [1, 2, 3, 4]
+            wire.send(_request("/v2/models/id%74/infer"))  # the ASGI path
+            assert _outputs(wire.response()[2]) == [1, 2, 3, 4]
+            wire.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n")
+            assert wire.response()[0] == 200
+        finally:
+            wire.close()
+    assert [k.model for k in known.values()] == ["nope"]  # known: its 404 comes from the engine, as before
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/nope/infer"))
+    assert wire.response()[0] == 404
+    wire.close()
+
+
+def test_a_known_connection_close_head_still_closes(server):
+    for _ in range(2):
+        wire = Wire(_port(server))
+        wire.send(_request("/v2/models/idt/infer", version="1.0"))
+        status, headers, body = wire.response()
+        assert status == 200 and _outputs(body) == [1, 2, 3, 4] and headers["connection"] == "close"
+        assert wire.closed()
+        wire.close()
+    assert [k.keep_alive for k in _protocol_class(server).known_heads.values()] == [False]
+
+
+def test_known_heads_are_bounded(server, monkeypatch):
+    monkeypatch.setattr(protocol, "KNOWN_HEADS_MAX", 4)
+    wire = Wire(_port(server))
+    try:
+        for index in range(7):
+            wire.send(_request("/v2/models/idt/infer", headers={"X-Client": str(index)}))
+            assert _outputs(wire.response()[2]) == [1, 2, 3, 4]
+    finally:
+        wire.close()
+    assert 0 < len(_protocol_class(server).known_heads) <= 4
