@@ -140,17 +140,6 @@ _RESPONSE_PREFIXES_MAX = 1024
 _RAW_OUTPUT_TAG = b"\x32"  # field 6 (raw_output_contents), wire type 2 (length-delimited)
 
 
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_serialized(response: InferResponse) -> bytes:
     """``encode_infer_response(response).SerializeToString()``, for the native front end.
 
@@ -174,7 +163,7 @@ def encode_serialized(response: InferResponse) -> bytes:
     to_raw = datatypes.to_raw
     for tensor in outputs:
         raw = to_raw(tensor.datatype, tensor.data)
-        parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+        parts += (_RAW_OUTPUT_TAG, templates.varint(len(raw)), raw)
     return b"".join(parts)
 
 

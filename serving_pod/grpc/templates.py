@@ -22,18 +22,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from serving_pod.core import datatypes
-from serving_pod.core.types import InferRequest, RequestedOutput, Tensor
+from serving_pod.core.templates import InputTemplate
+from serving_pod.core.types import InferRequest, RequestedOutput
 
 MAX_TEMPLATES = 256
 MAX_PREFIX_BYTES = 4096
 _RAW_INPUT_TAG = b"\x3a"  # field 7 (raw_input_contents), wire type 2 (length-delimited)
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """Protobuf's base-128 encoding of an unsigned integer (lengths of length-delimited fields)."""
+    if value < 0x80:
+        return bytes((value,))
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
@@ -43,29 +45,15 @@ def _varint(value: int) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class InputTemplate:
-    """One input: its bytes are ``size`` bytes at ``offset`` of the message, after the entry head ``head``
-    (tag and length) at ``offset - len(head)``; ``dtype`` None for BYTES."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    parameters: dict[str, Any]
-    head: bytes
-    offset: int
-    size: int
-    dtype: np.dtype | None
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
 class RequestTemplate:
     """What a successful parse of one message found; ``build`` turns a message with its prefix into a request."""
 
     prefix: bytes
     model_name: str
     model_version: str
+    #: each input's bytes (``offset`` from the message's start) and, before them, its entry's tag and length
     inputs: tuple[InputTemplate, ...]
+    heads: tuple[bytes, ...]
     outputs: tuple[tuple[str, dict[str, Any]], ...] | None
     parameters: dict[str, Any]
 
@@ -73,18 +61,10 @@ class RequestTemplate:
         """The request for ``body`` (already known to be this template's size), or None when it is not one."""
         if not body.startswith(self.prefix):
             return None
-        inputs = []
-        for spec in self.inputs:
-            start = spec.offset
-            head = spec.head
-            if body[start - len(head):start] != head:
+        for spec, head in zip(self.inputs, self.heads):
+            if body[spec.offset - len(head):spec.offset] != head:
                 return None
-            if spec.dtype is None:  # BYTES: element lengths are in the data, checked each time
-                data = datatypes.from_raw(spec.datatype, spec.shape, memoryview(body)[start:start + spec.size],
-                                          f"input '{spec.name}'")
-            else:
-                data = np.frombuffer(body, spec.dtype, spec.count, start).reshape(spec.shape)
-            inputs.append(Tensor(spec.name, spec.datatype, data, spec.parameters))
+        inputs = [spec.tensor(body) for spec in self.inputs]
         outputs = None if self.outputs is None else [RequestedOutput(name, params) for name, params in self.outputs]
         # the parameters are copied: the front end adds forwarded headers to a request's own
         return InferRequest(self.model_name, self.model_version, inputs, outputs, "", dict(self.parameters))
@@ -112,7 +92,7 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
     raw = message.raw_input_contents
     if request.id or not raw or len(raw) != len(request.inputs):
         return
-    heads = [_RAW_INPUT_TAG + _varint(len(data)) for data in raw]
+    heads = [_RAW_INPUT_TAG + varint(len(data)) for data in raw]
     prefix_size = len(body) - sum(len(head) + len(data) for head, data in zip(heads, raw))
     if not 0 <= prefix_size <= MAX_PREFIX_BYTES:
         return
@@ -123,9 +103,7 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
         # the entries must be where protobuf's field order puts them, else this message is not a template
         if body[offset - len(head):offset + len(data)] != head + data or "shared_memory_region" in tensor.parameters:
             return
-        dtype = None if tensor.datatype == "BYTES" else tensor.data.dtype
-        inputs.append(InputTemplate(tensor.name, tensor.datatype, tensor.data.shape, tensor.parameters, head,
-                                    offset, len(data), dtype, tensor.data.size))
+        inputs.append(InputTemplate.of(tensor, offset, len(data)))
         offset += len(data)
     outputs = None
     if request.outputs is not None:
@@ -135,7 +113,7 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
     if _count >= MAX_TEMPLATES:
         clear()
     template = RequestTemplate(body[:prefix_size], request.model_name, request.model_version, tuple(inputs),
-                               outputs, dict(request.parameters))
+                               tuple(heads), outputs, dict(request.parameters))
     _templates.setdefault(len(body), []).append(template)
     _count += 1
 

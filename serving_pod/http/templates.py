@@ -21,27 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from serving_pod.core import datatypes
-from serving_pod.core.types import InferRequest, RequestedOutput, Tensor
+from serving_pod.core.templates import InputTemplate
+from serving_pod.core.types import InferRequest, RequestedOutput
 
 MAX_TEMPLATES = 256
 MAX_HEADER_BYTES = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class InputTemplate:
-    """One binary input: its bytes are ``size`` bytes at ``offset`` of the binary part; ``dtype`` None for BYTES."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    parameters: dict[str, Any]
-    offset: int
-    size: int
-    dtype: np.dtype | None
-    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +41,7 @@ class RequestTemplate:
         """The request for ``body``, or None when its binary part is not the size the header declares."""
         if len(body) - header_length != self.binary_size:
             return None
-        inputs = []
-        for spec in self.inputs:
-            start = header_length + spec.offset
-            if spec.dtype is None:  # BYTES: element lengths are in the data, checked each time
-                data = datatypes.from_raw(spec.datatype, spec.shape, memoryview(body)[start:start + spec.size],
-                                          f"input '{spec.name}'")
-            else:
-                data = np.frombuffer(body, spec.dtype, spec.count, start).reshape(spec.shape)
-            inputs.append(Tensor(spec.name, spec.datatype, data, spec.parameters))
+        inputs = [spec.tensor(body, header_length) for spec in self.inputs]
         outputs = None if self.outputs is None else [RequestedOutput(name, params) for name, params in self.outputs]
         # the parameters are copied: the front end adds forwarded headers to a request's own
         return InferRequest(model_name, model_version, inputs, outputs, "", dict(self.parameters))
@@ -88,9 +64,7 @@ def learn(header: bytes, request: InferRequest) -> None:
         size = tensor.parameters.get("binary_data_size")
         if size is None or "shared_memory_region" in tensor.parameters:
             return
-        dtype = None if tensor.datatype == "BYTES" else tensor.data.dtype
-        inputs.append(InputTemplate(tensor.name, tensor.datatype, tensor.data.shape, tensor.parameters, offset, size,
-                                    dtype, tensor.data.size))
+        inputs.append(InputTemplate.of(tensor, offset, size))
         offset += size
     outputs = None
     if request.outputs is not None:

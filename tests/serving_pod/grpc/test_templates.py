@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 from serving_pod.core.errors import InternalError, InvalidArgumentError
 from serving_pod.grpc import templates
 from serving_pod.grpc.codec import decode_infer_request, decode_serialized
+from support.infer import assert_same_request, infer_simple_repeatedly
 from support.server import DEFAULT_MODELS
 
 
@@ -44,26 +45,17 @@ def _elements(*items: bytes) -> bytes:
     return b"".join(len(item).to_bytes(4, "little") + item for item in items)
 
 
-def _same(a, b) -> None:
-    assert (a.model_name, a.model_version, a.id, a.parameters) == (b.model_name, b.model_version, b.id, b.parameters)
-    assert [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in a.inputs] == \
-           [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in b.inputs]
-    for x, y in zip(a.inputs, b.inputs):
-        np.testing.assert_array_equal(x.data, y.data)
-    assert a.outputs == b.outputs
-
-
 def test_a_repeated_message_is_built_from_its_template_with_the_same_result() -> None:
     def message(start: int, words: tuple[bytes, bytes]) -> pb.ModelInferRequest:
         return _message(("A", "INT32", [1, 4], np.arange(start, start + 4, dtype="<i4").tobytes()),
                         ("B", "BYTES", [2], _elements(*words)), parameters={"note": "x"})
 
     first = message(0, (b"ab", b"c")).SerializeToString()
-    _same(decode_serialized(first), decode_infer_request(pb.ModelInferRequest.FromString(first)))
+    assert_same_request(decode_serialized(first), decode_infer_request(pb.ModelInferRequest.FromString(first)))
     second = message(10, (b"xy", b"z")).SerializeToString()
     assert len(second) == len(first) and templates.lookup(second) is not None
     built = decode_serialized(second)
-    _same(built, decode_infer_request(pb.ModelInferRequest.FromString(second)))
+    assert_same_request(built, decode_infer_request(pb.ModelInferRequest.FromString(second)))
     assert built.inputs[0].data.tolist() == [[10, 11, 12, 13]] and built.inputs[1].data.tolist() == [b"xy", b"z"]
     assert built.inputs[0].data.base.base is second  # a view of the message (reshaped), no copy
     assert built.outputs[0].parameters == {"classification": 2}
@@ -77,7 +69,7 @@ def test_without_outputs_or_parameters_too() -> None:
     decode_serialized(body)
     built = templates.lookup(body)
     assert built is not None and built.outputs is None and built.parameters == {}
-    _same(built, decode_infer_request(pb.ModelInferRequest.FromString(body)))
+    assert_same_request(built, decode_infer_request(pb.ModelInferRequest.FromString(body)))
 
 
 def test_messages_that_never_become_templates() -> None:
@@ -140,14 +132,5 @@ def test_the_table_is_bounded() -> None:
 def test_repeated_grpc_requests_get_the_answer_for_their_own_data(threaded_server, grpc_server: str) -> None:
     server = threaded_server([DEFAULT_MODELS], model_control_mode="explicit", load_models=("simple",),
                              grpc_server=grpc_server)
-    grpc = server.module("grpc")
-    client = server.client("grpc")
-    for start in range(3):  # the same message each time, other tensor bytes
-        a = np.arange(start, start + 16, dtype=np.int32).reshape(1, 16)
-        b = np.full((1, 16), start, dtype=np.int32)
-        inputs = [grpc.InferInput("INPUT0", [1, 16], "INT32"), grpc.InferInput("INPUT1", [1, 16], "INT32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        result = client.infer("simple", inputs, outputs=[grpc.InferRequestedOutput("OUTPUT0")])
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    infer_simple_repeatedly(server, "grpc")
     assert (sum(len(group) for group in templates._templates.values()) > 0) == (grpc_server == "native")

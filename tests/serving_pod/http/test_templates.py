@@ -19,6 +19,7 @@ import pytest
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.http import templates
 from serving_pod.http.codec import decode_infer_request
+from support.infer import assert_same_request, infer_simple_repeatedly
 from support.server import DEFAULT_MODELS
 
 
@@ -50,15 +51,6 @@ HEADER = {
 }
 
 
-def _same(a, b) -> None:
-    assert (a.model_name, a.model_version, a.id, a.parameters) == (b.model_name, b.model_version, b.id, b.parameters)
-    assert [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in a.inputs] == \
-           [(t.name, t.datatype, t.parameters, t.data.dtype, t.data.shape) for t in b.inputs]
-    for x, y in zip(a.inputs, b.inputs):
-        np.testing.assert_array_equal(x.data, y.data)
-    assert a.outputs == b.outputs
-
-
 def test_a_repeated_header_is_built_from_its_template_with_the_same_result() -> None:
     first, length = _body(HEADER, np.arange(4, dtype="<i4").tobytes(), _bytes_elements(b"ab", b"c"))
     parsed = decode_infer_request(first, length, "m", "2")
@@ -68,7 +60,7 @@ def test_a_repeated_header_is_built_from_its_template_with_the_same_result() -> 
     assert built.inputs[0].data.tolist() == [[10, 11, 12, 13]] and built.inputs[1].data.tolist() == [b"xy", b"z"]
     assert built.inputs[2].data.shape == (0, 3)
     templates.clear()
-    _same(built, decode_infer_request(second, length, "m", "2"))  # what the full parse makes of the same body
+    assert_same_request(built, decode_infer_request(second, length, "m", "2"))  # what the full parse makes of the same body
     # parameters belong to each request: the front end adds forwarded headers to them
     templates.learn(second[:length], parsed)
     built.parameters["x-forwarded"] = "1"
@@ -83,7 +75,7 @@ def test_perf_analyzers_header_with_its_empty_id_is_a_template() -> None:
     full = decode_infer_request(body, len(header), "double_py", "")
     assert templates.lookup(header) is not None
     built = decode_infer_request(body, len(header), "double_py", "")
-    _same(built, full)
+    assert_same_request(built, full)
     assert built.id == ""
 
 
@@ -93,7 +85,7 @@ def test_without_outputs_or_parameters_too() -> None:
     full = decode_infer_request(body, length, "m", "")
     built = decode_infer_request(body, length, "m", "")
     assert templates.lookup(body[:length]) is not None
-    _same(built, full)
+    assert_same_request(built, full)
     assert built.outputs is None and built.parameters == {}
 
 
@@ -156,16 +148,7 @@ def test_the_table_is_bounded() -> None:
 
 def test_repeated_binary_requests_get_the_answer_for_their_own_data(threaded_server) -> None:
     server = threaded_server([DEFAULT_MODELS], model_control_mode="explicit", load_models=("simple",))
-    http = server.module("http")
-    client = server.client("http")
-    for start in range(3):  # the same header each time, other tensor bytes
-        a = np.arange(start, start + 16, dtype=np.int32).reshape(1, 16)
-        b = np.full((1, 16), start, dtype=np.int32)
-        inputs = [http.InferInput("INPUT0", [1, 16], "INT32"), http.InferInput("INPUT1", [1, 16], "INT32")]
-        inputs[0].set_data_from_numpy(a, binary_data=True)
-        inputs[1].set_data_from_numpy(b, binary_data=True)
-        result = client.infer("simple", inputs, outputs=[http.InferRequestedOutput("OUTPUT0", binary_data=True)])
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    infer_simple_repeatedly(server, "http")
     # a body one byte short after the good ones: the full parse's 400, and the server goes on
     head = orjson.dumps({"inputs": [_binary_input("INPUT0", "INT32", [1, 16], 64),
                                     _binary_input("INPUT1", "INT32", [1, 16], 64)]})
