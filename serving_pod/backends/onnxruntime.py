@@ -88,6 +88,9 @@ class OnnxRuntimeInstance(BatchedInstance):
         self._session = session
         self._run_options = run_options
         self._plan = plan
+        #: on the CPU provider alone a run only computes: its wall time past its CPU time is waiting for the
+        #: GIL or a core, not for a device (schedulers/instances.py judges it by CPU time)
+        self.cpu_bound = set(session.get_providers()) <= {"CPUExecutionProvider"}
         #: BF16 outputs cannot become numpy arrays inside onnxruntime: run with OrtValues instead
         self._use_ort_values = use_ort_values
 

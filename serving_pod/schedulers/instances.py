@@ -11,7 +11,10 @@ microseconds), so in ``auto`` an instance that declares itself ``inline_safe`` (
 engine, e.g. no BLS, no decoupled sender, no coroutine) and whose recent executions all took under
 ``INLINE_ENTER_NS`` of its thread's CPU time (and all but ``INLINE_SLOW_WALLS`` of them under ``INLINE_EXIT_NS`` of
 wall time: under load a fast model's thread can wait that long for the GIL now and then, while a model that
-sleeps or waits on I/O takes that long every time) runs on the event loop thread directly. ``INLINE_EXIT_STRIKES`` executions in a row above
+sleeps or waits on I/O takes that long every time) runs on the event loop thread directly. An instance that
+declares ``cpu_bound`` (it only computes on the CPU, never waiting on a device or I/O: onnxruntime on its CPU
+provider) is judged by CPU time alone: its wall time over its CPU time is waiting for the GIL or for a core,
+which on a busy shared host can pass ``INLINE_SLOW_WALLS`` for minutes and kept a fast model on its thread. ``INLINE_EXIT_STRIKES`` executions in a row above
 ``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
 the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
 
@@ -61,11 +64,12 @@ HANDOFF_TIMEOUT_S = 0.002
 class _Mode:
     """Per-instance execution-mode bookkeeping (see the module docstring)."""
 
-    __slots__ = ("allowed", "forced", "inline", "fast_streak", "slow_walls", "cooldown", "strikes")
+    __slots__ = ("allowed", "forced", "cpu_bound", "inline", "fast_streak", "slow_walls", "cooldown", "strikes")
 
-    def __init__(self, allowed: bool, forced: bool) -> None:
+    def __init__(self, allowed: bool, forced: bool, cpu_bound: bool = False) -> None:
         self.allowed = allowed
         self.forced = forced
+        self.cpu_bound = cpu_bound
         self.inline = forced
         self.fast_streak = 0
         self.slow_walls = 0  # executions of the current streak that took INLINE_EXIT_NS of wall time or more
@@ -85,7 +89,7 @@ class _Mode:
             self.fast_streak = self.slow_walls = 0
             return
         self.fast_streak += 1
-        if duration_ns >= INLINE_EXIT_NS:
+        if duration_ns >= INLINE_EXIT_NS and not self.cpu_bound:
             self.slow_walls += 1
         if self.fast_streak >= INLINE_WINDOW:
             if self.slow_walls <= INLINE_SLOW_WALLS:
@@ -126,6 +130,7 @@ class InstancePool:
             _Mode(
                 allowed=execution_mode != "thread" and bool(getattr(instance, "inline_safe", False)),
                 forced=execution_mode == "inline",
+                cpu_bound=bool(getattr(instance, "cpu_bound", False)),
             )
             for instance in instances
         ]

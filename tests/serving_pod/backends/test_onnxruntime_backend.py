@@ -164,6 +164,12 @@ def test_non_batching_model_runs_each_request_alone(tmp_path: Path) -> None:
         np.testing.assert_array_equal(answer(result)["OUTPUT0"], a + b)
 
 
+def test_a_session_on_the_cpu_provider_is_cpu_bound(tmp_path: Path) -> None:
+    """schedulers.instances judges its inline eligibility by CPU time alone (GPU providers wait on the device)."""
+    instance = load(make_add_sub_model(tmp_path / "cpu", "TYPE_FP32", dims=(4,), max_batch=8))
+    assert instance._session.get_providers() == ["CPUExecutionProvider"] and instance.cpu_bound
+
+
 def test_runtime_failure_becomes_internal_error_naming_the_model(tmp_path: Path) -> None:
     model = make_add_sub_model(tmp_path / "fixed", "TYPE_FP32", dims=(4,), max_batch=8)
     instance = load(model)

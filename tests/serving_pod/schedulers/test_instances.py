@@ -180,9 +180,10 @@ SLOW_WALL = instances.INLINE_EXIT_NS * 2
 QUICK_WALL = instances.INLINE_EXIT_NS // 10
 
 
-def _executions_until_inline(walls: list[int], cpu_ns: int = FAST_CPU, limit: int = 2000) -> int | None:
+def _executions_until_inline(walls: list[int], cpu_ns: int = FAST_CPU, limit: int = 2000,
+                             cpu_bound: bool = False) -> int | None:
     """Threaded executions (wall times cycled from ``walls``) until the mode goes inline; None if it never does."""
-    mode = instances._Mode(allowed=True, forced=False)
+    mode = instances._Mode(allowed=True, forced=False, cpu_bound=cpu_bound)
     for count in range(1, limit + 1):
         mode.after_thread(walls[count % len(walls)], cpu_ns)
         if mode.inline:
@@ -203,6 +204,12 @@ def test_instances_that_wait_or_compute_stay_on_their_thread():
     assert _executions_until_inline([SLOW_WALL]) is None  # sleeps or waits on I/O every time
     assert _executions_until_inline([SLOW_WALL, SLOW_WALL, QUICK_WALL]) is None  # most of the time
     assert _executions_until_inline([QUICK_WALL], cpu_ns=instances.INLINE_ENTER_NS) is None  # too much CPU
+
+
+def test_a_cpu_bound_instance_is_judged_by_its_cpu_time_alone():
+    # an onnxruntime session on the CPU whose thread waits for the GIL or a core most of the time (a busy host)
+    assert _executions_until_inline([SLOW_WALL], cpu_bound=True) == instances.INLINE_WINDOW
+    assert _executions_until_inline([SLOW_WALL], cpu_ns=instances.INLINE_ENTER_NS, cpu_bound=True) is None
 
 
 def test_a_slow_execution_restarts_the_count():
