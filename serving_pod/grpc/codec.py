@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
-
 from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
 
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InternalError, InvalidArgumentError

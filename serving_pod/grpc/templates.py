@@ -72,7 +72,6 @@ class RequestTemplate:
 
 #: message size -> the templates of that size (a few: models whose messages happen to be as long)
 _templates: dict[int, list[RequestTemplate]] = {}
-_count = 0
 
 
 def lookup(body: bytes) -> InferRequest | None:
@@ -88,7 +87,6 @@ def lookup(body: bytes) -> InferRequest | None:
 
 def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> None:
     """Keep a template of ``body`` (``message`` and ``request``: what the full parse made of it) if it can be one."""
-    global _count
     raw = message.raw_input_contents
     if request.id or not raw or len(raw) != len(request.inputs):
         return
@@ -110,16 +108,13 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
         if any("shared_memory_region" in out.parameters for out in request.outputs):
             return
         outputs = tuple((out.name, out.parameters) for out in request.outputs)
-    if _count >= MAX_TEMPLATES:
+    if sum(len(group) for group in _templates.values()) >= MAX_TEMPLATES:
         clear()
     template = RequestTemplate(body[:prefix_size], request.model_name, request.model_version, tuple(inputs),
                                tuple(heads), outputs, dict(request.parameters))
     _templates.setdefault(len(body), []).append(template)
-    _count += 1
 
 
 def clear() -> None:
     """Forget every template (tests, and a full table)."""
-    global _count
     _templates.clear()
-    _count = 0

@@ -148,9 +148,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._idle_since = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
-        #: the read being parsed when it began a message, and where its head ends (a head to learn)
+        #: the read being parsed when it began a message (its head may be learned: ``_learn``)
         self._read: bytes | None = None
-        self._head_end = -1
 
     def data_received(self, data: bytes) -> None:
         if self._mid_message or not self.direct_infer:
@@ -166,7 +165,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
                 cycle.size = known.content_length
                 self._start_answer(cycle)
                 return
-        self._read, self._head_end = data, end
+        self._read = data
         try:
             super().data_received(data)
         finally:
@@ -250,8 +249,9 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
 
     def _learn(self, cycle: InferCycle) -> None:
         """Keep the head of a request that was the whole read and had a plain ``content-length`` (docstring)."""
-        end, read = self._head_end, self._read
-        if (end <= 0 or end > KNOWN_HEAD_BYTES or len(read) - end - 4 != cycle.size  # type: ignore[arg-type]
+        read: bytes = self._read  # type: ignore[assignment]
+        end = read.find(b"\r\n\r\n")
+        if (end <= 0 or end > KNOWN_HEAD_BYTES or len(read) - end - 4 != cycle.size
                 or self.expect_100_continue or self.header_forward is not None):
             return
         lengths = [value for name, value in self.headers if name == b"content-length"]
@@ -261,8 +261,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         known = self.known_heads
         if len(known) >= KNOWN_HEADS_MAX:
             known.clear()
-        known[read[:end]] = KnownHead(cycle.model, cycle.version, cycle.head, cycle.keep_alive,  # type: ignore[index]
-                                      cycle.size)
+        known[read[:end]] = KnownHead(cycle.model, cycle.version, cycle.head, cycle.keep_alive, cycle.size)
 
     async def _answer(self, cycle: InferCycle) -> None:
         chunks = cycle.chunks
