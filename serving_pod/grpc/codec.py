@@ -73,17 +73,22 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
         params = parameters_to_dict(item.parameters) if item.parameters else {}
-        if raw:
-            data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
-        elif "shared_memory_region" in params:
-            # placeholder of the right shape, no memory; the engine reads the region into it
-            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
-        elif item.HasField("contents"):
-            data = _from_contents(item, datatype, shape)
-        else:
-            raise InvalidArgumentError(
-                f"input '{name}' has no data: set raw_input_contents or contents"
-            )
+        try:
+            if raw:
+                data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
+            elif "shared_memory_region" in params:
+                # placeholder of the right shape, no memory; the engine reads the region into it
+                data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
+            elif item.HasField("contents"):
+                data = _from_contents(item, datatype, shape)
+            else:
+                raise InvalidArgumentError(
+                    f"input '{name}' has no data: set raw_input_contents or contents"
+                )
+        except ValueError:
+            # numpy refuses a shape whose size overflows its index type, even one with a zero dimension
+            # (the element count then matches the empty data): the client's error, not the server's
+            raise InvalidArgumentError(f"input '{name}': shape {list(shape)} has too many elements") from None
         inputs.append(Tensor(name, datatype, data, params))
     outputs = None
     if message.outputs:
@@ -130,7 +135,12 @@ def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)
         return array.reshape(shape)
-    return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+    try:
+        return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+    except OverflowError:  # INT8, INT16, UINT8 and UINT16 travel in 32-bit fields
+        raise InvalidArgumentError(
+            f"input '{item.name}': a value of its contents is out of range for {datatype}"
+        ) from None
 
 
 #: (model, version, outputs' names, datatypes and shapes) -> the serialized response up to its tensor bytes

@@ -327,6 +327,8 @@ class H2Connection(asyncio.Protocol):
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
+            if stream.remote_closed:
+                return  # after END_STREAM (a stream error, RFC 9113 5.1): ignored, as DATA is, not a 2nd end
             if not end_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, "trailers without END_STREAM")
             stream.remote_closed = True

@@ -244,7 +244,11 @@ class GrpcConnection:
             message = await queue.get()  # type: ignore[union-attr]
             if message is None:
                 return
-            yield parse(message)
+            try:
+                request = parse(message)
+            except Exception as error:  # noqa: BLE001 - a malformed protobuf, as a unary request's
+                raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to parse the request: {error}") from None
+            yield request
 
     async def _run(self, call: Call, message: bytes | None) -> None:
         method = call.method

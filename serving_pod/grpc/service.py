@@ -164,6 +164,9 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 if item is reader_done:
                     break
                 yield item
+            # a request the stream could not deliver (a malformed message) ends the RPC with its error, after the
+            # responses to the requests before it, instead of a silent OK
+            await reader_task
         finally:
             reader_task.cancel()
             for task in tasks:

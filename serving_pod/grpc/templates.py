@@ -11,9 +11,10 @@ objects and the per-field checks (about 14 against 3 µs per request here). A re
 one the full parse gives.
 
 Only messages that decoded without error become templates, and only when every input's data is in
-``raw_input_contents`` (no typed ``contents``, no shared memory) and the ``id`` is empty (a client numbering
-its requests makes every prefix unique), so a built request's id is always empty. The table is
-process-wide, like ``http.templates``: a template depends on nothing but the bytes. It holds at most
+``raw_input_contents`` (no typed ``contents``, no shared memory), the ``id`` is empty (a client numbering
+its requests makes every prefix unique), so a built request's id is always empty, and the prefix parses on
+its own without tensor data (the entries are the message's own, not the end of a field that spans them). The
+table is process-wide, like ``http.templates``: a template depends on nothing but the bytes. It holds at most
 ``MAX_TEMPLATES`` prefixes of at most ``MAX_PREFIX_BYTES`` each and is emptied when full.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from serving_pod.core.templates import InputTemplate
@@ -103,6 +105,8 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
             return
         inputs.append(InputTemplate.of(tensor, offset, len(data)))
         offset += len(data)
+    if not _whole_fields(body[:prefix_size]):
+        return
     outputs = None
     if request.outputs is not None:
         if any("shared_memory_region" in out.parameters for out in request.outputs):
@@ -113,6 +117,16 @@ def learn(body: bytes, message: pb.ModelInferRequest, request: InferRequest) -> 
     template = RequestTemplate(body[:prefix_size], request.model_name, request.model_version, tuple(inputs),
                                tuple(heads), outputs, dict(request.parameters))
     _templates.setdefault(len(body), []).append(template)
+
+
+def _whole_fields(prefix: bytes) -> bool:
+    """Whether ``prefix`` is complete fields without ``raw_input_contents``, so that the entries after it are the
+    message's. Bytes equal to the entries can also end another field that spans them (an unknown field, a
+    string): that message's data is elsewhere, and a template of it would answer with the wrong bytes."""
+    try:
+        return not pb.ModelInferRequest.FromString(prefix).raw_input_contents
+    except DecodeError:
+        return False
 
 
 def clear() -> None:

@@ -1,8 +1,10 @@
-"""grpc.codec's serialized response (``encode_serialized``): the bytes protobuf itself would write.
+"""grpc.codec's serialized response (``encode_serialized``): the bytes protobuf itself would write; and requests
+numpy cannot hold.
 
 Covered: fixed-size, BYTES, several and no outputs, versions and shapes that change, tensor bytes long
 enough for a multi-byte length; the whole-message fallback for responses with parameters (their own or an
-output's) or an id; and the bound on the kept prefixes.
+output's) or an id; the bound on the kept prefixes; shapes too large for numpy (empty or in shared memory)
+and typed contents out of their datatype's range, each an INVALID_ARG.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.grpc import codec
 from serving_pod.core.types import InferResponse, Tensor
 
@@ -43,3 +46,38 @@ def test_the_kept_prefixes_are_bounded(monkeypatch) -> None:
     for index in range(codec._RESPONSE_PREFIXES_MAX + 3):
         codec.encode_serialized(InferResponse(f"m{index}", "1", [Tensor("Y", "FP32", np.zeros(1, np.float32))]))
     assert 0 < len(codec._RESPONSE_PREFIXES) <= codec._RESPONSE_PREFIXES_MAX
+
+
+HUGE = 2**62
+
+
+@pytest.mark.parametrize(("datatype", "shape", "data"), [
+    ("FP32", [HUGE, HUGE, 0], "raw"),  # no elements, yet beyond numpy's index type
+    ("INT32", [0, HUGE, HUGE], "contents"),
+    ("BYTES", [HUGE, HUGE, 0], "raw"),
+    ("FP32", [HUGE, HUGE], "shared memory"),  # the placeholder the region is read into
+])
+def test_shapes_numpy_cannot_hold_are_invalid(datatype: str, shape: list[int], data: str) -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    item = message.inputs.add(name="X", datatype=datatype, shape=shape)
+    if data == "raw":
+        message.raw_input_contents.append(b"")
+    elif data == "contents":
+        item.contents.SetInParent()
+    else:
+        item.parameters["shared_memory_region"].string_param = "r"
+    with pytest.raises(InvalidArgumentError) as raised:  # was a ValueError: UNKNOWN "Unexpected <class ...>"
+        codec.decode_infer_request(message)
+    assert raised.value.message == f"input 'X': shape {shape} has too many elements"
+
+
+@pytest.mark.parametrize(("datatype", "field", "value"), [
+    ("INT8", "int_contents", 128), ("INT16", "int_contents", -40000), ("UINT8", "uint_contents", 256),
+    ("UINT16", "uint_contents", 70000),
+])
+def test_contents_out_of_their_datatypes_range_are_invalid(datatype: str, field: str, value: int) -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    getattr(message.inputs.add(name="X", datatype=datatype, shape=[2]).contents, field).extend([1, value])
+    with pytest.raises(InvalidArgumentError) as raised:  # was an OverflowError
+        codec.decode_infer_request(message)
+    assert raised.value.message == f"input 'X': a value of its contents is out of range for {datatype}"

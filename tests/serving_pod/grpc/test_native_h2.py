@@ -29,8 +29,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from h2.settings import SettingCodes
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from serving_pod.grpc.hpack_blocks import encode_headers
 from support.h2client import INFER, RawClient, grpc_frame, infer_request
 from support.server import ServerThread, make_options, test_model_config, write_model
 
@@ -439,6 +441,21 @@ def test_client_reset_mid_request(server, raw, caplog):
     assert_no_errors(caplog)
 
 
+def test_headers_after_end_stream_leave_the_call_alone(server, raw, caplog):
+    # RFC 9113 5.1: a frame on a stream the client already ended is its error, not a second end of the request;
+    # the call it made stands (it was cancelled and answered UNIMPLEMENTED "received 0")
+    client = raw(server)
+    sid = client.send(grpc_frame(infer_request("slow", values=(4, 3, 2, 1))))
+    wait_in_flight(server)
+    block = encode_headers([(b"x-late", b"1")])  # literals: the client's HPACK table stays in step
+    client.sock.sendall(struct.pack(">BHBBI", 0, len(block), 0x1, 0x5, sid) + block)  # HEADERS, END_STREAM
+    reply = client.reply(sid)
+    assert reply.status == 0, reply.message
+    assert reply.infer_output() == [4, 3, 2, 1]
+    assert_raw_serving(client)
+    assert_no_errors(caplog)
+
+
 def test_client_vanishes_during_slow_request(server, raw, caplog):
     client = raw(server)
     client.send(grpc_frame(infer_request("slow")))
@@ -598,4 +615,20 @@ def test_errors_identical_on_both_front_ends(front_end, case):
     finally:
         client.close()
     assert (info.value.status(), info.value.message()) == expected
+    assert_serving(front_end)
+
+
+def test_malformed_stream_message_ends_the_stream_with_an_error(front_end):
+    # the requests before it are answered, then the RPC fails (it ended OK, the bad message silently dropped);
+    # the status is each front end's for a malformed unary request
+    stream = grpc.insecure_channel(front_end.grpc_url).stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer", request_serializer=None, response_deserializer=None)
+    responses = stream(iter([infer_request(values=(1, 2, 3, 4)), b"\xff\xff\xff"]), timeout=30)
+    first = pb.ModelStreamInferResponse.FromString(next(responses))
+    assert np.frombuffer(first.infer_response.raw_output_contents[0], np.float32).tolist() == [1, 2, 3, 4]
+    with pytest.raises(grpc.RpcError) as info:
+        next(responses)
+    native = front_end.server.options.grpc_server == "native"
+    assert info.value.code() == (grpc.StatusCode.INTERNAL if native else grpc.StatusCode.UNKNOWN)
+    assert "Error parsing message" in info.value.details()
     assert_serving(front_end)

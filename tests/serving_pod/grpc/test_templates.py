@@ -113,6 +113,31 @@ def test_bad_messages_get_the_full_parse_error(body: bytes, error: type, message
     assert raised.value.message.startswith(message)
 
 
+def _wrapped(data: bytes, wrapper: str) -> bytes:
+    """A message whose tensor data comes first, then a field that ends with bytes equal to its entry."""
+    message = _message(("X", "FP32", [1, 16], b"\0" * 64), outputs=())
+    tail = b"\x3a\x40" + data  # what an entry of 64 bytes looks like
+    if wrapper == "unknown field":
+        field = b"\xa2\x06" + bytes([len(tail)]) + tail  # field 100, length-delimited
+    else:
+        field = pb.ModelInferRequest(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(
+            name=tail.decode())]).SerializeToString()
+    return message.SerializeToString() + field
+
+
+@pytest.mark.parametrize("wrapper", ["unknown field", "output name"])
+def test_entries_that_end_another_field_are_not_a_template(wrapper: str) -> None:
+    # the message's bytes end as its entry would (the prefix is not whole fields): a template of it would take
+    # the next message's tensor data from that other field
+    first = _wrapped(b"\0" * 64, wrapper)
+    assert pb.ModelInferRequest.FromString(first).raw_input_contents[0] == first[-64:]
+    decode_serialized(first)
+    second = _wrapped(b"\x01" * 64, wrapper)
+    assert templates.lookup(second) is None
+    assert_same_request(decode_serialized(second), decode_infer_request(pb.ModelInferRequest.FromString(second)))
+    assert decode_serialized(second).inputs[0].data.tolist() == [[0.0] * 16]
+
+
 def test_bytes_elements_are_checked_for_every_message() -> None:
     good = _message(("B", "BYTES", [2], _elements(b"ab", b"c"))).SerializeToString()
     decode_serialized(good)
