@@ -58,6 +58,34 @@ class ApiError(Exception):
         self.status = status
 
 
+class Refused(ApiError):
+    """The object itself is the problem (invalid, or another owner's): retrying cannot help.
+
+    ``reason`` is the status condition reason the InferenceService gets.
+    """
+
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(status, message)
+        self.reason = reason
+
+
+REFUSED = frozenset({400, 422})  # BadRequest / Invalid: the API server's validation said no
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((ref.get("uid") for ref in refs if ref.get("controller")), None)
+
+
+def _foreign(live: Mapping[str, Any], owner_uid: str | None) -> str | None:
+    """The controller of ``live`` when it is not ``owner_uid`` (names can collide across owners)."""
+    refs = (live.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), None)
+    if owner_uid and ref is not None and ref.get("uid") != owner_uid:
+        return f"{ref.get('kind')}/{ref.get('name')}"
+    return None
+
+
 @dataclass(frozen=True)
 class Connection:
     """Where and how to reach the API server (built from a ``kopf.ConnectionInfo``)."""
@@ -176,6 +204,8 @@ class KubeApi:
     @staticmethod
     def _raise(status: int, body: Any, what: str) -> NoReturn:
         message = body.get("message") if isinstance(body, Mapping) else None
+        if status in REFUSED:
+            raise Refused(status, f"the API server refused to {what}: {message or body}", "InvalidSpec")
         raise ApiError(status, f"{what}: {message or body}")
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -212,6 +242,9 @@ class KubeApi:
                 if status == 409:
                     continue  # exists after all: go round and patch it
                 self._raise(status, body, f"create {resource.plural}/{name}")
+            other = _foreign(live, controller_uid(obj))
+            if other:
+                raise Refused(409, f"{obj['kind']} {name} already exists and is controlled by {other}", "NameConflict")
             wanted = _without(obj, keep) if _has_spec_keys(live, keep) else dict(obj)
             if contains(live, wanted) and _owned_maps_equal(live, wanted):
                 return "unchanged"
@@ -225,9 +258,17 @@ class KubeApi:
                 self._raise(status, body, f"patch {resource.plural}/{name}")
         raise ApiError(409, f"{resource.plural}/{name} kept changing while being applied")
 
-    async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete (foreground-free, background propagation); False when it did not exist."""
+    async def delete(self, kind: str, namespace: str | None, name: str, *, owner_uid: str | None = None) -> bool:
+        """Delete (foreground-free, background propagation); False when it did not exist.
+
+        With ``owner_uid``, an object controlled by someone else is left alone (and False returned):
+        ``<isvc>-prev`` may be another InferenceService's HTTPRoute.
+        """
         resource = RESOURCES[kind]
+        if owner_uid:
+            live = await self.get(resource, namespace, name)
+            if live is None or _foreign(live, owner_uid):
+                return False
         status, body = await self.request(
             "DELETE", resource.path(namespace, name), json={"propagationPolicy": "Background"}
         )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ferry_operator import events, mig, naming, rollout, spec, status
+from ferry_operator import events, mig, naming, rollout, spec, specreader, status
 from ferry_operator.builders import networking, scaling, workloads
 from ferry_operator.config import OperatorConfig
 from ferry_operator.observed import DeploymentState
@@ -76,6 +76,11 @@ def compute(
     try:
         if len(isvc) > naming.MAX_NAME_LENGTH:
             raise spec.SpecError("metadata.name", f"must be at most {naming.MAX_NAME_LENGTH} characters")
+        if not specreader.DNS1035_LABEL.match(isvc):
+            # CR names may contain dots or start with a digit; the child Service names may not.
+            raise spec.SpecError(
+                "metadata.name", f"{isvc!r} must be a DNS-1035 label (a-z, 0-9 and '-', starting with a letter)"
+            )
         parsed = spec.parse(body.get("spec"))
         gpu = mig.resolve(parsed.predictor.gpu)
     except spec.SpecError as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ferry_operator.spec import GpuSpec, SpecError
+from ferry_operator.specreader import label_value_problem
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -96,6 +97,10 @@ def resolve(gpu: GpuSpec | None, path: str = "spec.predictor.gpu") -> GpuResourc
     if gpu is None:
         return GpuResources()
     tolerations = (GPU_TOLERATION,)
+    # The product becomes a nodeSelector value: one the API server refuses would fail every apply.
+    problem = label_value_problem(gpu.product) if gpu.product else None
+    if problem:
+        raise SpecError(f"{path}.product", f"must match the {PRODUCT_LABEL} node label: {problem}")
     if gpu.mig_profile is None:
         selector = {PRODUCT_LABEL: gpu.product} if gpu.product else {}
         return GpuResources({GPU_RESOURCE: str(gpu.count)}, selector, tolerations, "KIND_GPU")
@@ -120,6 +125,9 @@ def resolve(gpu: GpuSpec | None, path: str = "spec.predictor.gpu") -> GpuResourc
                 f"{PRODUCT_LABEL}=<product>-MIG-<profile>",
             )
         selector = {PRODUCT_LABEL: f"{gpu.product}-MIG-{profile}"}
+        problem = label_value_problem(selector[PRODUCT_LABEL])
+        if problem:  # '+me' profiles and long product names cannot be a label value
+            raise SpecError(f"{path}.migStrategy", f"single selects nodes by {PRODUCT_LABEL}={problem}; use mixed")
         return GpuResources({GPU_RESOURCE: "1"}, selector, tolerations, "KIND_GPU")
     selector = {PRODUCT_LABEL: gpu.product} if gpu.product else {}
     return GpuResources({resource_name(profile): "1"}, selector, tolerations, "KIND_GPU")

@@ -7,6 +7,7 @@ costs no API calls while nothing moves.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferry_operator import api, desired, naming
+from ferry_operator import api, desired, events, naming, status
 from ferry_operator.config import OperatorConfig
 from ferry_operator.observed import DeploymentState
 
@@ -64,7 +65,11 @@ async def run(
     applied: Applied,
     now: str,
 ) -> desired.Desired:
-    """Reconcile ``body``; raises api.ApiError when the API server keeps failing."""
+    """Reconcile ``body``; raises api.ApiError when the API server keeps failing.
+
+    An object the API server refuses (invalid, or a name another owner holds) is reported in
+    the status instead: retrying the same object cannot succeed until the spec changes.
+    """
     routes = await discovery.routes_served(kube)
     result = desired.compute(body, observed, config=config, gateway=gateway_mode(config, routes), now=now)
     if not result.applies:
@@ -72,15 +77,22 @@ async def run(
     mark = fingerprint(result)
     if mark == applied.fingerprint and time.monotonic() - applied.at < config.full_resync_seconds:
         return result
-    namespace = (body.get("metadata") or {}).get("namespace")
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace")
     for item in result.applies:
-        outcome = await kube.apply(item.obj, keep=("replicas",) if item.keep_replicas else ())
+        try:
+            outcome = await kube.apply(item.obj, keep=("replicas",) if item.keep_replicas else ())
+        except api.Refused as exc:
+            log.warning("%s", exc)
+            previous = body.get("status") or {}
+            refused = status.invalid(previous, meta.get("generation"), exc.reason, str(exc), now)
+            return dataclasses.replace(result, status=refused, events=tuple(events.diff(previous, refused)))
         if outcome != "unchanged":
             log.info("%s %s/%s", outcome, item.obj["kind"], item.obj["metadata"]["name"])
     for kind, name in result.deletes:
         if kind == "HTTPRoute" and not routes:
             continue
-        if await kube.delete(kind, namespace, name):
+        if await kube.delete(kind, namespace, name, owner_uid=meta.get("uid")):
             log.info("deleted %s/%s", kind, name)
     applied.fingerprint, applied.at = mark, time.monotonic()
     return result
@@ -101,5 +113,5 @@ async def delete_children(
     for kind, name in targets:
         if kind == "HTTPRoute" and not routes:
             continue
-        count += await kube.delete(kind, namespace, name)
+        count += await kube.delete(kind, namespace, name, owner_uid=meta.get("uid"))
     return count

@@ -26,6 +26,9 @@ STORAGE_SCHEMES = ("s3://", "gs://", "http://", "https://", "pvc://", "file://")
 UNSUPPORTED_COMPONENTS = ("transformer", "explainer")  # in the CRD for KServe YAML; refused here
 LEGACY_MODEL_FIELD = "triton"  # predictor.triton: KServe's legacy spelling of predictor.model
 LEGACY_OMITS = ("modelFormat", "runtime")  # fields predictor.triton does not have
+MAX_REPLICAS = 2**31 - 1  # Deployment and HPA replica counts are int32
+MAX_TIMEOUT = 99999 * 3600  # Gateway API durations allow at most 5 digits per unit (99999h)
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")  # or hugepages-<size>, or a domain/name
 
 
 def _j(name: str, default: Any = None, *, factory: Any = None) -> Any:
@@ -134,8 +137,8 @@ def _predictor(r: specreader.Reader) -> PredictorSpec:
     if r.has("model") == r.has("triton"):
         raise SpecError(r.path, "exactly one of 'model' or 'triton' must be set")
     which = "model" if r.has("model") else "triton"
-    min_replicas = r.integer("minReplicas", 1, minimum=0)
-    max_replicas = r.opt_int("maxReplicas", minimum=1)
+    min_replicas = r.integer("minReplicas", 1, minimum=0, maximum=MAX_REPLICAS)
+    max_replicas = r.opt_int("maxReplicas", minimum=1, maximum=MAX_REPLICAS)
     if max_replicas is not None and min_replicas > max_replicas:
         raise SpecError(f"{r.path}.minReplicas", f"must be <= maxReplicas ({min_replicas} > {max_replicas})")
     metric = r.enum("scaleMetric", SCALE_METRICS, "queue")
@@ -147,23 +150,29 @@ def _predictor(r: specreader.Reader) -> PredictorSpec:
     target = r.opt_int("scaleTarget", minimum=1)
     if metric in ("cpu", "memory") and target is not None and target > 100:
         raise SpecError(f"{r.path}.scaleTarget", f"is a utilization percentage for {metric}: 1..100, got {target}")
+    model = _model(r.child(which, required=True), legacy=which == "triton")
+    gpu = _gpu(r.child("gpu")) if r.has("gpu") else None
+    written = [n for n in {**model.resources.requests, **model.resources.limits} if n.startswith("nvidia.com/")]
+    if gpu is not None and written:
+        # Both would end up in one pod: the gpu block's limit silently overrides (or adds to) these.
+        raise SpecError(f"{r.path}.{which}.resources", f"{written[0]} conflicts with {r.path}.gpu: request GPUs in one place")
     return PredictorSpec(
-        model=_model(r.child(which, required=True), legacy=which == "triton"),
+        model=model,
         model_field=which,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         scale_metric=metric,
         scale_target=target,
         canary_traffic_percent=r.opt_int("canaryTrafficPercent", minimum=0, maximum=100),
-        timeout=r.opt_int("timeout", minimum=1),
+        timeout=r.opt_int("timeout", minimum=1, maximum=MAX_TIMEOUT),
         container_concurrency=r.opt_int("containerConcurrency", minimum=0),
-        node_selector=r.str_map("nodeSelector"),
-        tolerations=r.obj_list("tolerations"),
+        node_selector=r.label_map("nodeSelector"),
+        tolerations=_tolerations(r),
         affinity=r.opt_obj("affinity"),
-        service_account_name=r.opt_str("serviceAccountName"),
+        service_account_name=r.opt_name("serviceAccountName"),
         image_pull_secrets=tuple(str(s.get("name", "")) for s in r.obj_list("imagePullSecrets")),
-        storage_secret_name=r.opt_str("storageSecretName"),
-        gpu=_gpu(r.child("gpu")) if r.has("gpu") else None,
+        storage_secret_name=r.opt_name("storageSecretName"),
+        gpu=gpu,
         serving=_serving(r.child("serving")),
     )
 
@@ -174,8 +183,11 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
     uri = r.opt_str("storageUri")
     if uri is not None and not (uri.startswith(STORAGE_SCHEMES) or uri.startswith("/")):
         raise SpecError(f"{r.path}.storageUri", f"unsupported URI {uri!r}: use {', '.join(STORAGE_SCHEMES)}")
-    if uri is not None and uri.startswith("pvc://") and not uri[len("pvc://"):].partition("/")[0]:
+    claim = uri[len("pvc://"):].partition("/")[0] if uri is not None and uri.startswith("pvc://") else None
+    if claim == "":
         raise SpecError(f"{r.path}.storageUri", f"{uri!r} names no claim (pvc://<claim>/<path>)")
+    if claim is not None and specreader.name_problem(claim):
+        raise SpecError(f"{r.path}.storageUri", f"claim {specreader.name_problem(claim)}")
     runtime = r.opt_str("runtime")
     if runtime is not None and runtime not in RUNTIMES:
         raise SpecError(f"{r.path}.runtime", f"{runtime!r} is not served by Ferry (use one of {', '.join(RUNTIMES)})")
@@ -187,6 +199,9 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
         fmt.known(("name", "version"))
     resources = r.child("resources")
     resources.known(("requests", "limits"))
+    image = r.opt_str("image")
+    if image is not None and image != image.strip():
+        raise SpecError(f"{r.path}.image", f"{image!r} has leading or trailing whitespace")
     args = r.str_list("args")
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -198,12 +213,64 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
         runtime=runtime,
         runtime_version=r.opt_str("runtimeVersion"),
         protocol_version=protocol,
-        image=r.opt_str("image"),
+        image=image,
         args=args,
-        env=r.obj_list("env", required_key="name"),
-        resources=Resources(resources.quantity_map("requests"), resources.quantity_map("limits")),
+        env=_env(r),
+        resources=_resources(resources),
         ports=r.obj_list("ports"),
     )
+
+
+def _tolerations(r: specreader.Reader) -> tuple[Mapping[str, Any], ...]:
+    """The API server's toleration rules (pod validation), reported here rather than on every apply."""
+    tolerations = r.obj_list("tolerations")
+    for index, item in enumerate(tolerations):
+        where = f"{r.path}.tolerations[{index}]"
+        exists = item.get("operator") == "Exists"
+        if not item.get("key") and not exists:
+            raise SpecError(where, "operator must be Exists when key is empty")
+        if exists and item.get("value"):
+            raise SpecError(f"{where}.value", "must be empty when operator is Exists")
+        if item.get("tolerationSeconds") is not None and item.get("effect") not in (None, "NoExecute"):
+            raise SpecError(f"{where}.tolerationSeconds", "needs effect NoExecute")
+        problem = specreader.label_key_problem(str(item["key"])) if item.get("key") else None
+        problem = problem or (specreader.label_value_problem(str(item["value"])) if item.get("value") else None)
+        if problem:
+            raise SpecError(where, problem)
+    return tolerations
+
+
+def _env(r: specreader.Reader) -> tuple[Mapping[str, Any], ...]:
+    env = r.obj_list("env", required_key="name")
+    for index, item in enumerate(env):
+        if "=" in str(item["name"]):
+            raise SpecError(f"{r.path}.env[{index}].name", f"{item['name']!r} contains '='")
+        if item.get("value") is not None and item.get("valueFrom") is not None:
+            raise SpecError(f"{r.path}.env[{index}]", "value and valueFrom are mutually exclusive")
+    return env
+
+
+def _resources(r: specreader.Reader) -> Resources:
+    """Quantities plus the API server's container rules, so a bad one is reported, not retried."""
+    requests, limits = r.quantity_map("requests"), r.quantity_map("limits")
+    for name in {**requests, **limits}:
+        if "/" not in name and name not in STANDARD_RESOURCES and not name.startswith("hugepages-"):
+            raise SpecError(f"{r.path}.limits.{name}" if name in limits else f"{r.path}.requests.{name}",
+                            f"unknown resource: use {', '.join(STANDARD_RESOURCES)}, hugepages-<size> or <domain>/<name>")
+    for name, value in requests.items():
+        limit = limits.get(name)
+        extended = "/" in name and not name.startswith("kubernetes.io/")
+        if extended and limit is None:
+            raise SpecError(f"{r.path}.limits.{name}", f"is required: {name} cannot be overcommitted (set it in limits)")
+        if limit is not None and specreader.quantity(value) > specreader.quantity(limit):  # type: ignore[operator]
+            raise SpecError(f"{r.path}.requests.{name}", f"must be <= limits.{name} ({value} > {limit})")
+        if extended and limit is not None and specreader.quantity(value) != specreader.quantity(limit):
+            raise SpecError(f"{r.path}.requests.{name}", f"must equal limits.{name} ({value} != {limit}): it cannot be overcommitted")
+    for name, value in limits.items():
+        number = specreader.quantity(value)
+        if "/" in name and not name.startswith("kubernetes.io/") and number is not None and number != int(number):
+            raise SpecError(f"{r.path}.limits.{name}", f"must be a whole number, got {value!r}")
+    return Resources(requests, limits)
 
 
 def _gpu(r: specreader.Reader) -> GpuSpec:

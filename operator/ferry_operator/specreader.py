@@ -9,9 +9,49 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[mkMGTPE]|u|n)?$")
+# Container resources cannot be negative, so the sign the CRD's generic quantity pattern allows is refused.
+_QUANTITY = re.compile(r"^\+?(?P<num>\d+(\.\d*)?|\.\d+)(?P<suffix>[eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+_SCALE = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10**3), "M": Decimal(10**6),
+          "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+          **{p + "i": Decimal(2 ** (10 * (i + 1))) for i, p in enumerate("KMGTPE")}}
+# The API server's name and label rules (apimachinery validation), checked here because a child
+# object that breaks them is refused on every reconcile instead of being reported once.
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def quantity(text: str) -> Decimal | None:
+    """The value of a non-negative Kubernetes quantity, or None when ``text`` is not one."""
+    match = _QUANTITY.match(text)
+    if not match:
+        return None
+    suffix = match["suffix"] or ""
+    if suffix[:1] in ("e", "E"):
+        return Decimal(match["num"] + suffix)
+    return Decimal(match["num"]) * _SCALE.get(suffix, Decimal(1))
+
+
+def label_value_problem(value: str) -> str | None:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        return f"{value!r} is not a valid label value (at most 63 of A-Z a-z 0-9 - _ . , alphanumeric at both ends)"
+    return None
+
+
+def label_key_problem(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix))) or not name or label_value_problem(name):
+        return f"{key!r} is not a valid label key ([prefix/]name, name at most 63 of A-Z a-z 0-9 - _ .)"
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+        return f"{name!r} is not a valid object name (lowercase a-z 0-9 - ., alphanumeric at both ends)"
+    return None
 
 
 class SpecError(ValueError):
@@ -61,6 +101,14 @@ class Reader:
     def opt_str(self, key: str) -> str | None:
         value = self._get(key, (str,), "a string")
         return value or None
+
+    def opt_name(self, key: str) -> str | None:
+        """The name of another object (Secret, ServiceAccount): a DNS-1123 subdomain."""
+        value = self.opt_str(key)
+        problem = name_problem(value) if value is not None else None
+        if problem:
+            raise SpecError(f"{self.path}.{key}", problem)
+        return value
 
     def text(self, key: str) -> str:
         value = self.opt_str(key)
@@ -118,13 +166,24 @@ class Reader:
                 raise SpecError(f"{self.path}.{key}.{name}", f"must be a string, got {item!r}")
         return dict(values)
 
+    def label_map(self, key: str) -> Mapping[str, str]:
+        """Labels (e.g. a nodeSelector): valid keys and values, as the API server checks them."""
+        values = self.str_map(key)
+        for name, item in values.items():
+            problem = label_key_problem(name) or label_value_problem(item)
+            if problem:
+                raise SpecError(f"{self.path}.{key}.{name}", problem)
+        return values
+
     def quantity_map(self, key: str) -> Mapping[str, str]:
         """Resource quantities; numbers are accepted as YAML writes them (``cpu: 1``)."""
         values = self._get(key, (Mapping,), "an object of quantities") or {}
         result = {}
         for name, item in values.items():
             text = str(item) if isinstance(item, (int, float)) and not isinstance(item, bool) else item
-            if not isinstance(text, str) or not _QUANTITY.match(text):
-                raise SpecError(f"{self.path}.{key}.{name}", f"must be a quantity like 500m, 2 or 8Gi, got {item!r}")
+            if not isinstance(text, str) or quantity(text) is None:
+                raise SpecError(
+                    f"{self.path}.{key}.{name}", f"must be a quantity like 500m, 2 or 8Gi (non-negative), got {item!r}"
+                )
             result[name] = text
         return result

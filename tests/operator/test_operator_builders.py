@@ -202,3 +202,13 @@ def test_http_route() -> None:
     assert [(b["name"], b["weight"]) for b in rule["backendRefs"]] == [("demo-predictor-prev", 90), ("demo-predictor-latest", 10)]
     assert rule["timeouts"] == {"request": "30s"}
     assert obj["spec"]["parentRefs"][0]["name"] == "gw" and obj["spec"]["parentRefs"][0]["namespace"] == "infra"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(30, "30s"), (100000, "27h46m40s"), (3600, "1h"), (99999 * 3600, "99999h")])
+def test_http_route_timeout_is_a_gateway_duration(seconds: int, text: str) -> None:
+    # Found by fuzzing: "100000s" has six digits, which Gateway API's duration pattern refuses.
+    obj = networking.http_route(isvc="demo", namespace="ns", name="demo", hostname="demo-ns.example.com",
+                                backends=[("demo-predictor-latest", 100)], gateway_name="gw", gateway_namespace="infra",
+                                timeout_s=seconds)
+    check_http_route(obj)
+    assert obj["spec"]["rules"][0]["timeouts"] == {"request": text}

@@ -95,3 +95,16 @@ def test_rbac_covers_every_child_kind() -> None:
         assert {"get", "create", "patch", "delete", "list", "watch"} <= granted[(resource.group, resource.plural)]
     assert "patch" in granted[("serving.ferry.dev", "inferenceservices/status")]
     assert "create" in granted[("", "events")]
+
+
+@pytest.mark.parametrize("name", ["a.b", "1abc"])
+def test_names_that_cannot_name_a_service_are_refused(name: str) -> None:
+    """Found by fuzzing: CR names may have dots or a leading digit; ``<name>-predictor`` Services may not."""
+    from ferry_operator import desired
+    from ferry_operator.config import OperatorConfig
+
+    obj = {"apiVersion": "serving.ferry.dev/v1beta1", "kind": "InferenceService",
+           "metadata": {"name": name, "namespace": "default", "uid": "u"}, "spec": {"predictor": {"model": {}}}}
+    assert any("DNS-1035" in error for error in cr_errors(obj))
+    result = desired.compute(obj, {}, config=OperatorConfig(), gateway=False, now="t")  # kmock: no CEL
+    assert result.applies == () and "metadata.name" in result.status["conditions"][0]["message"]

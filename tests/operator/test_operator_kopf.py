@@ -315,3 +315,56 @@ async def test_api_errors_are_retried(plain_cluster: Cluster) -> None:
         assert await cluster.names(SERVICES) == ["demo-predictor", "demo-predictor-latest"]
     assert len(failing_create) == 1 and len(conflict) == 1 and len(unavailable) == 2
     assert len(kmock[f"post {DEPLOYMENTS}"]) >= 2  # the 500 was retried (then 409 -> patch path)
+
+
+async def test_a_child_the_api_server_refuses_is_reported_beside_a_good_one(plain_cluster: Cluster) -> None:
+    """Found by fuzzing: a pass-through field the API server rejects (here an affinity it cannot decode)
+    made every reconcile raise, a kopf retry loop with no status; now it is a condition, once."""
+    cluster = plain_cluster
+    refused = cluster.kmock[f"post {DEPLOYMENTS}"][lambda r: r.data["metadata"]["name"].startswith("bad-")] << 422 << {
+        "kind": "Status", "code": 422, "reason": "Invalid",
+        "message": 'Deployment.apps "bad-predictor-x" is invalid: spec.template.spec.affinity.nodeAffinity: Invalid value'}
+    bad = {"predictor": {"affinity": {"nodeAffinity": {"junk": 1}}, "model": {"storageUri": "s3://b/m"}}}
+    async with cluster.operator():
+        await cluster.create_isvc(bad, name="bad")
+        await cluster.create_isvc(SPEC_V1, name="good")
+        ready = await cluster.wait(lambda: _reason(cluster, "bad"), "the refusal in the status")
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+        assert "the API server refused to create deployments/bad-predictor-" in ready["message"]
+        assert "affinity.nodeAffinity: Invalid value" in ready["message"]
+        await cluster.wait(lambda: cluster.status("latestCreatedRevision", "good"), "the good one's status")
+        assert [n for n in await cluster.names(DEPLOYMENTS) if n.startswith("good-")]
+    assert len(refused) >= 1
+
+
+async def _reason(cluster: Cluster, name: str) -> dict[str, Any]:
+    ready = await cluster.condition("Ready", name)
+    return ready if ready.get("reason") == "InvalidSpec" else {}
+
+
+async def test_a_route_named_like_another_isvcs_tag_route_is_left_alone(kmock: Any) -> None:
+    """Found by fuzzing: InferenceService ``x`` deleted its unused ``x-prev`` HTTPRoute, the main route of
+    InferenceService ``x-prev``, and ``x-latest`` took over ``x``'s tag route. Others' objects are not touched."""
+    _register(kmock, gateway=True)
+    async with aiohttp.ClientSession(base_url=str(kmock.url)) as session:
+        cluster = Cluster(kmock, session)
+        async with cluster.operator():
+            await cluster.create_isvc(SPEC_V1, name="x-prev")
+            await cluster.wait(lambda: _equals(cluster.names(ROUTES), ["x-prev", "x-prev-latest"]), "x-prev's routes")
+            await cluster.create_isvc(SPEC_V1, name="x")
+            await cluster.wait(lambda: _equals(cluster.names(ROUTES), ["x", "x-latest", "x-prev", "x-prev-latest"]),
+                               "x's routes")
+            await cluster.wait(lambda: cluster.status("latestCreatedRevision", "x"), "x reconciled (deletes done)")
+            await asyncio.sleep(0.5)
+            assert "x-prev" in await cluster.names(ROUTES)  # x's unused "prev" route name: not x's object
+            await cluster.create_isvc(SPEC_V1, name="x-latest")
+            ready = await cluster.wait(lambda: _conflict(cluster, "x-latest"), "x-latest's name conflict")
+            assert "HTTPRoute x-latest already exists and is controlled by InferenceService/x" in ready["message"]
+            route = await cluster.get(f"{ROUTES}/x-latest")
+            assert route["metadata"]["ownerReferences"][0]["name"] == "x"
+            assert route["spec"]["hostnames"] == ["latest-x-default.example.com"]
+
+
+async def _conflict(cluster: Cluster, name: str) -> dict[str, Any]:
+    ready = await cluster.condition("Ready", name)
+    return ready if ready.get("reason") == "NameConflict" else {}

@@ -40,7 +40,7 @@ def test_product_families(product: str, family: str) -> None:
 def test_profiles_per_gpu(family: str, valid: list[str], invalid: list[str]) -> None:
     product = PRODUCTS[family]
     for profile in valid:
-        for strategy in ("mixed", "single"):
+        for strategy in ("mixed", "single") if "+" not in profile else ("mixed",):  # +me: see below
             mig.resolve(GpuSpec(mig_profile=profile, mig_strategy=strategy, product=product))
     for profile in invalid:
         for strategy in ("mixed", "single"):
@@ -124,3 +124,17 @@ def test_invalid_profile_creates_nothing_and_says_why(family: str) -> None:
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert f"unknown MIG profile '9g.999gb' for {PRODUCTS[family]}" in ready["message"]
     assert [e.reason for e in result.events] == ["InvalidSpec"]
+
+
+def test_single_strategy_with_a_media_profile_is_refused() -> None:
+    # The single strategy's node label would be "<product>-MIG-1g.10gb+me": not a valid label value.
+    with pytest.raises(SpecError, match="not a valid label value.*use mixed") as caught:
+        mig.resolve(GpuSpec(mig_profile="1g.10gb+me", mig_strategy="single", product="NVIDIA-A100-SXM4-80GB"))
+    assert caught.value.path == "spec.predictor.gpu.migStrategy"
+
+
+@pytest.mark.parametrize("product", ["NVIDIA A100", "A" * 64])
+def test_product_must_be_a_label_value(product: str) -> None:
+    with pytest.raises(SpecError, match="not a valid label value") as caught:
+        mig.resolve(GpuSpec(product=product))
+    assert caught.value.path == "spec.predictor.gpu.product"

@@ -40,6 +40,13 @@ def service(*, isvc: str, namespace: str, name: str, revision: str | None) -> di
     }
 
 
+def duration(seconds: int) -> str:
+    """Gateway API duration: at most 5 digits per unit, so 100000 s is "27h46m40s", not "100000s"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
+
+
 def http_route(
     *,
     isvc: str,
@@ -60,7 +67,7 @@ def http_route(
         ],
     }
     if timeout_s:
-        rule["timeouts"] = {"request": f"{timeout_s}s"}
+        rule["timeouts"] = {"request": duration(timeout_s)}
     return {
         "apiVersion": ROUTE_API,
         "kind": "HTTPRoute",
