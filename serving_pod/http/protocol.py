@@ -160,6 +160,12 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             known = self.known_heads.get(data[:end])
             if (known is not None and len(data) - end - 4 == known.content_length
                     and (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing()):
+                # what the parser's callbacks leave behind (``limits``): the header count restarts and the read
+                # deadline ends, else the connection's first deadline, or CRLFs counted between requests,
+                # would cut a later request that the parser path lets in
+                self._header_bytes = 0
+                if self._deadline is not None:
+                    self._disarm()
                 cycle = self.cycle = InferCycle(known.model, known.version, known.head, known.keep_alive)
                 cycle.chunks.append(data[end + 4:])
                 cycle.size = known.content_length

@@ -457,3 +457,68 @@ def test_known_heads_are_bounded(server, monkeypatch):
     finally:
         wire.close()
     assert 0 < len(_protocol_class(server).known_heads) <= 4
+
+
+@pytest.fixture
+def limited_server(threaded_server, tmp_path):
+    """A server with a 1.5 s read deadline and 1 KiB of request headers at most."""
+    write_model(tmp_path, "idt", test_model_config("idt", dims="[ -1 ]"))
+    return threaded_server([tmp_path], model_control_mode="explicit", load_models=("idt",),
+                           http_max_input_size=LIMIT, http_read_timeout_secs=1.5, http_max_header_size=1024)
+
+
+def _known_first_request(server, monkeypatch) -> Wire:
+    """A new connection whose first request was answered by a known head (learned on another connection)."""
+    teacher = Wire(_port(server))
+    teacher.send(_request("/v2/models/idt/infer"))
+    assert teacher.response()[0] == 200
+    teacher.close()
+    parsed = _count_parsed_headers(monkeypatch, server)
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/idt/infer"))
+    status, _, body = wire.response()
+    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    assert parsed == []  # the known head: no parser
+    return wire
+
+
+def test_a_request_after_a_known_head_gets_its_own_read_deadline(limited_server, monkeypatch):
+    """The deadline runs from a request's first byte: the one armed when the connection opened ends with the
+    first request, answered by a known head or by the parser (it once stayed armed and cut the next request)."""
+    wire = _known_first_request(limited_server, monkeypatch)
+    try:
+        head, _, body = _request("/v2/models/idt/infer", _data_body(5, 6)).partition(b"\r\n\r\n")
+        time.sleep(0.9)
+        wire.send(head + b"\r\n\r\n")
+        time.sleep(0.9)  # 1.8 s after the connection opened, 0.9 s after this request began
+        wire.send(body)
+        status, _, answer = wire.response()
+        assert status == 200 and _outputs(answer) == [5, 6]
+    finally:
+        wire.close()
+
+
+def test_a_known_head_restarts_the_header_count(limited_server, monkeypatch):
+    """Blank lines before a request are skipped but counted toward the header limit until a request's headers
+    end; a request answered by a known head ends them too (it once kept them, and a later head arriving in
+    two reads got 431)."""
+    teacher = Wire(_port(limited_server))
+    teacher.send(_request("/v2/models/idt/infer"))
+    assert teacher.response()[0] == 200
+    teacher.close()
+    parsed = _count_parsed_headers(monkeypatch, limited_server)
+    wire = Wire(_port(limited_server))
+    try:
+        wire.send(b"\r\n" * 500)  # 1000 bytes, under the 1024 limit
+        time.sleep(0.2)
+        wire.send(_request("/v2/models/idt/infer"))  # its own read: the known head
+        assert _outputs(wire.response()[2]) == [1, 2, 3, 4]
+        assert parsed == []
+        request = _request("/v2/models/idt/infer", _data_body(7))
+        wire.send(request[:40])
+        time.sleep(0.2)
+        wire.send(request[40:])
+        status, _, answer = wire.response()
+        assert status == 200 and _outputs(answer) == [7]
+    finally:
+        wire.close()
