@@ -85,6 +85,25 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return count
 
 
+#: numpy's bound on an array's dimensions: their product (zeros counted as ones) times 16 bytes must fit ``intp``
+_MAX_DIMS_PRODUCT: Final[int] = np.iinfo(np.intp).max // 16
+#: the most dimensions an array may have (numpy 2; numpy 1 allowed 32)
+_MAX_RANK: Final[int] = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+
+
+def check_shape(what: str, shape: tuple[int, ...]) -> None:
+    """InvalidArgumentError for a shape numpy cannot hold: too many dimensions, or dimensions whose product
+    overflows numpy's index type, e.g. ``[2**62, 2**62, 0]`` (refused even though the zero makes it empty).
+    Such a request is the client's error, not a ValueError deep in the server."""
+    if len(shape) > _MAX_RANK:
+        raise InvalidArgumentError(f"{what}: shape {list(shape)} has more than {_MAX_RANK} dimensions")
+    product = 1
+    for dim in shape:
+        product *= dim or 1
+    if product > _MAX_DIMS_PRODUCT:
+        raise InvalidArgumentError(f"{what}: shape {list(shape)} has too many elements")
+
+
 def check_element_count(name: str, shape: tuple[int, ...], got: int) -> int:
     """The element count of ``shape``; InvalidArgumentError when ``got`` elements were sent instead."""
     count = element_count(shape)

@@ -72,23 +72,19 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         shape = tuple(item.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
+        datatypes.check_shape(f"input '{name}'", shape)
         params = parameters_to_dict(item.parameters) if item.parameters else {}
-        try:
-            if raw:
-                data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
-            elif "shared_memory_region" in params:
-                # placeholder of the right shape, no memory; the engine reads the region into it
-                data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
-            elif item.HasField("contents"):
-                data = _from_contents(item, datatype, shape)
-            else:
-                raise InvalidArgumentError(
-                    f"input '{name}' has no data: set raw_input_contents or contents"
-                )
-        except ValueError:
-            # numpy refuses a shape whose size overflows its index type, even one with a zero dimension
-            # (the element count then matches the empty data): the client's error, not the server's
-            raise InvalidArgumentError(f"input '{name}': shape {list(shape)} has too many elements") from None
+        if raw:
+            data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
+        elif "shared_memory_region" in params:
+            # placeholder of the right shape, no memory; the engine reads the region into it
+            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
+        elif item.HasField("contents"):
+            data = _from_contents(item, datatype, shape)
+        else:
+            raise InvalidArgumentError(
+                f"input '{name}' has no data: set raw_input_contents or contents"
+            )
         inputs.append(Tensor(name, datatype, data, params))
     outputs = None
     if message.outputs:

@@ -134,16 +134,18 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
         raise InvalidArgumentError("an input has no 'name'")
     if not isinstance(datatype, str):
         raise InvalidArgumentError(f"input '{name}' has no 'datatype'")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    # ``type`` rather than ``isinstance``: JSON's true and false are Python ints too
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidArgumentError(f"input '{name}' must have a 'shape' of non-negative integers")
     dtype = datatypes.numpy_dtype(datatype)
     shape_t = tuple(shape)
+    datatypes.check_shape(f"input '{name}'", shape_t)
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidArgumentError(f"input '{name}': 'parameters' must be an object")
     size = params.get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size < 0:
+        if type(size) is not int or size < 0:
             raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
         end = offset + size
         if end > len(binary):

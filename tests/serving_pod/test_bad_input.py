@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2_grpc
 from support.server import test_model_config, write_model
 
 LIMIT = 1 << 20  # --http-max-input-size for these tests
+HUGE = 2**62  # two of them overflow numpy's index type
 
 
 @pytest.fixture
@@ -60,6 +61,20 @@ HTTP_CASES = {
                                {}, 400, "shape [1, 4] needs 4, got 3"),
     "negative shape": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [-1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
                        {}, 400, "non-negative integers"),
+    # each of these five was a 500 (a ValueError or TypeError from numpy)
+    "shape too large, JSON data": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [HUGE, HUGE, 0], "datatype": "FP32", "data": []}]}).encode(),
+                                   {}, 400, f"input 'INPUT0': shape [{HUGE}, {HUGE}, 0] has too many elements"),
+    "shape too large, binary data": (*_binary_request("INPUT0", "FP32", [HUGE, HUGE, 0], b""), 400, "has too many elements"),
+    "shape too large, shared memory": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [HUGE, HUGE], "datatype": "FP32",
+                                                               "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]}).encode(),
+                                       {}, 400, "has too many elements"),
+    "shape of 65 dimensions": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1] * 65, "datatype": "FP32", "data": [1]}]}).encode(),
+                               {}, 400, "has more than 64 dimensions"),
+    "boolean in shape": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [True, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
+                         {}, 400, "non-negative integers"),
+    # true was read as 1 ("expected 16 bytes ..., got 1")
+    "boolean binary_data_size": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 16, declared=True), 400,
+                                 "binary_data_size must be a non-negative integer"),
     "wrong JSON value type": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": ["a", 2, 3, 4]}]}).encode(),
                               {}, 400, "data does not fit FP32"),
     "binary larger than body": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 8, declared=16), 400, "unexpected end of binary data for input 'INPUT0'"),
@@ -128,6 +143,9 @@ GRPC_CASES = {
     "no data": (_grpc_request([]), "input 'INPUT0' has no data"),
     "truncated BYTES": (_grpc_request([struct.pack("<I", 9) + b"abc"], "BYTES", (1, 2), "text"), "unexpected end of BYTES tensor data"),
     "unknown datatype": (_grpc_request([b"\0" * 16], "FP128"), "invalid datatype 'FP128'"),
+    # the same shapes as over HTTP (gRPC shapes are int64s, so no booleans)
+    "shape too large": (_grpc_request([b""], shape=(HUGE, HUGE, 0)), f"input 'INPUT0': shape [{HUGE}, {HUGE}, 0] has too many elements"),
+    "shape of 65 dimensions": (_grpc_request([b"\0" * 4], shape=(1,) * 65), "has more than 64 dimensions"),
 }
 
 
