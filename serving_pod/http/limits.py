@@ -9,6 +9,11 @@ buffers forever. ``GuardedHttpToolsProtocol``, whose limits ``http.protocol.http
   ``read_timeout_s`` of its first byte, or that sends nothing within ``read_timeout_s`` of
   connecting. The app then sees ``http.disconnect`` and stops waiting for the body.
 
+A request that cannot be read (400: bytes the parser refuses; 431) ends the connection, but the requests
+pipelined before it were read whole and are running: they are answered first, then the error, then the
+connection closes (uvicorn wrote the error at once and dropped their answers). ``_unanswered`` counts the
+connection's requests whose headers were accepted and whose answers are not written yet.
+
 A request that arrives in one read (the common case) never arms a timer, so the hot path pays
 only two attribute writes. Body size is bounded separately by ``--http-max-input-size``.
 """
@@ -18,7 +23,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+def _error(status: int, reason: bytes) -> bytes:
+    """A plain-text error answer that closes the connection."""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, reason, len(reason), reason))
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -36,6 +47,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         #: the request uvicorn is answering through the ASGI app (``self.cycle`` may be a newer, queued one)
         self._asgi_cycle: Any = None
+        self._unanswered = 0
+        self._begun = False  # the current message's headers were accepted (it is counted in ``_unanswered``)
+        #: an error answer waiting for the answers before it (module docstring); input is ignored meanwhile
+        self._final: bytes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -51,17 +66,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def data_received(self, data: bytes) -> None:
+        if self._final is not None:
+            return
         if self._in_headers or not self._mid_message:
             self._header_bytes += len(data)
         super().data_received(data)
         if self._in_headers and self._header_bytes > self.max_header_bytes:
-            self._reject(431, b"Request Header Fields Too Large")
+            self._close_with(_error(431, b"Request Header Fields Too Large"))
             return
         if self._mid_message and self._deadline is None and not self.transport.is_closing():
             self._arm()
 
     def on_message_begin(self) -> None:
         self._mid_message = self._in_headers = True
+        self._begun = False
         self.start_message()
 
     def start_message(self) -> None:
@@ -77,7 +95,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._too_large = True
                 raise ValueError("request headers too large")  # httptools aborts the parse
         self._header_bytes = 0
-        self.begin_request()
+        self._unanswered += 1
+        self._begun = True
+        try:
+            self.begin_request()
+        except BaseException:  # e.g. uvicorn's URL parse: the request got no cycle, and the parser answers 400
+            self._unanswered -= 1
+            self._begun = False
+            raise
 
     def begin_request(self) -> None:
         """Start answering the request whose headers passed the limits (uvicorn's ASGI cycle here)."""
@@ -85,10 +110,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         if self._too_large:
-            self._reject(431, b"Request Header Fields Too Large")
+            self._close_with(_error(431, b"Request Header Fields Too Large"))
         else:
-            self._abandon()
-            super().send_400_response(msg)
+            self._close_with(b"".join(self._400_response(msg)))
+
+    def _400_response(self, msg: str) -> list[bytes]:
+        """uvicorn's 400 answer (its ``send_400_response`` without the write)."""
+        content = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        body = msg.encode("ascii")
+        content += (b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                    % len(body), body)
+        return content
+
+    def on_response_complete(self) -> None:
+        if not self.answered():
+            super().on_response_complete()
+
+    def answered(self) -> bool:
+        """Count one answer written; True when it was the last one a deferred error answer waited for, which
+        is then written and the connection closed (``on_response_complete`` overrides call this first)."""
+        self._unanswered -= 1
+        if self._final is None or self._unanswered > 0:
+            return False
+        final, self._final = self._final, None
+        if not self.transport.is_closing():
+            self.transport.write(final)
+            self.transport.close()
+        return True
 
     def on_message_complete(self) -> None:
         self.end_message()
@@ -132,11 +182,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _reject(self, status: int, reason: bytes) -> None:
         self._abandon()
-        body = reason
-        self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, reason, len(body), body)
-        )
+        self.transport.write(_error(status, reason))
+        self.transport.close()
+
+    def _close_with(self, response: bytes) -> None:
+        """Answer a request that cannot be read with ``response`` and close, after the requests before it."""
+        cycle = self.cycle
+        if self._mid_message and self._begun and cycle is not None and not cycle.response_complete:
+            # the bad bytes are in this request's body: it was counted, and it can never be answered now
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if self.pipeline and self.pipeline[0][0] is cycle:
+                self.pipeline.popleft()
+            self._unanswered -= 1
+        if self._unanswered > 0 and not self.transport.is_closing():
+            self._final = response
+            self._disarm()
+            return
+        self._abandon()
+        self.transport.write(response)
         self.transport.close()
 
 

@@ -152,7 +152,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         self._read: bytes | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self._mid_message or not self.direct_infer:
+        if self._mid_message or not self.direct_infer or self._final is not None:
             super().data_received(data)
             return
         end = data.find(b"\r\n\r\n")
@@ -166,6 +166,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
                 self._header_bytes = 0
                 if self._deadline is not None:
                     self._disarm()
+                self._unanswered += 1
                 cycle = self.cycle = InferCycle(known.model, known.version, known.head, known.keep_alive)
                 cycle.chunks.append(data[end + 4:])
                 cycle.size = known.content_length
@@ -307,7 +308,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
     def on_response_complete(self) -> None:
         """uvicorn's, with the connection's one idle timer for its per-response one (direct and ASGI answers)."""
         self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        if self.answered() or self.transport.is_closing():
             return
         self.flow.resume_reading()
         if self.pipeline:
