@@ -72,6 +72,8 @@ class LogSettings(logging.Filter):
                     raise InvalidArgumentError(f"'log_verbose_level' must be an unsigned integer, got {value!r}")
                 staged["verbose"] = value
             elif key == "log_format":
+                if not isinstance(value, str):  # Triton's gRPC words; it was UNAVAILABLE "invalid argument ..."
+                    raise InvalidArgumentError("expect string for 'log_format'")
                 if value not in FORMATS:
                     raise UnavailableError(f"invalid argument for --log_format, got: {value}")
                 staged["format"] = value

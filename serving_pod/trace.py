@@ -159,6 +159,8 @@ class Tracer:
 
     def __init__(self, config: TraceConfig, *, otel_tracer: Any = None) -> None:
         self.config = config
+        #: the startup settings: a global setting cleared through the API (a null value) returns to them
+        self.initial = config
         self.models: dict[str, TraceConfig] = {}
         self.enabled = config.enabled
         self._seen: dict[str, int] = {}
@@ -177,7 +179,9 @@ class Tracer:
                                              if v is None and k in _FIELD})
             self.models[model] = _updated(current, {k: v for k, v in changes.items() if v is not None})
         else:
-            self.config = _updated(self.config, {k: v for k, v in changes.items() if v is not None})
+            # as Triton: a null clears the setting back to its startup value (it was ignored)
+            cleared = {k: getattr(self.initial, _FIELD[k]) for k, v in changes.items() if v is None and k in _FIELD}
+            self.config = _updated(self.config, {**cleared, **{k: v for k, v in changes.items() if v is not None}})
         self.enabled = self.config.enabled or any(c.enabled for c in self.models.values())
         return self.settings(model)
 

@@ -26,7 +26,7 @@ from serving_pod.core.custom_metrics import CustomMetrics
 from serving_pod.core.latency_metrics import LatencyMetricsSettings
 from serving_pod.core import outputs
 from serving_pod.core.parameters import check_request_parameters
-from serving_pod.core.registry import ModelRegistry
+from serving_pod.core.registry import ModelRegistry, parse_version
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
 from serving_pod.repository.repository import ModelRepository, open_root
@@ -197,6 +197,9 @@ class Engine:
         return {"name": self.options.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether ``name`` (``version``) is ready; a version string Triton cannot parse is refused, not False."""
+        if version:
+            parse_version(version)
         return self.registry.is_ready(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
@@ -429,16 +432,18 @@ class Engine:
 
     # --- statistics --------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        """``model_stats`` entries: every ready version, one model, or one version."""
+        """``model_stats`` entries: every ready version, one model, or one version (Triton's errors: 400 for a
+        model or version that is not serving; a version without a model is ignored, as Triton does)."""
         if not name:
-            if version:
-                raise InvalidArgumentError("a model name is required when a version is given")
             models = self.registry.ready_models()
-        elif version:
-            models = [self.registry.get(name, version)]
         else:
-            self.registry.get(name)
-            models = list(self.registry.entries[name].ready)
+            number = parse_version(version) if version else None
+            entry = self.registry.entries.get(name)
+            if entry is None or not entry.ready:
+                raise InvalidArgumentError(f"requested model '{name}' is not available")
+            models = [m for m in entry.ready if number is None or m.version == number]
+            if not models:
+                raise InvalidArgumentError(f"requested model version is not available for model '{name}'")
         return [model.stats.as_dict() for model in sorted(models, key=lambda m: (m.name, m.version))]
 
     # --- model repository --------------------------------------------------------------------

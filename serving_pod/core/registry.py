@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,23 @@ log = logging.getLogger("ferry.registry")
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 #: ensembles whose dependencies the current task is loading (detects ensembles that contain each other)
 _ENSEMBLE_CHAIN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ensemble_chain", default=())
+
+
+_STOL = re.compile(r"\s*[+-]?[0-9]+")
+
+
+def parse_version(version: str) -> int:
+    """A requested model version as Triton reads it (``std::stol``: leading blanks, a sign, then the leading
+    digits), with Triton's errors: unparsable or beyond 64 bits, or negative."""
+    match = _STOL.match(version)
+    number = int(match.group()) if match else None
+    if number is None or not -(2**63) <= number < 2**63:
+        raise InvalidArgumentError(f"failed to get model version from specified version string '{version}' "
+                                   "(details: stol), version should be an integral value > 0")
+    if number < 0:
+        raise InvalidArgumentError(f"invalid model version specified '{version}' , "
+                                   "version should be an integral value > 0")
+    return number
 
 
 def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
@@ -114,6 +132,12 @@ class ModelRegistry:
     def get(self, name: str, version: str = "") -> Model:
         """The READY model version for a request; Triton's errors otherwise."""
         entry = self.entries.get(name)
+        if version and entry is not None:
+            for model in entry.ready:
+                if model.version_str == version:
+                    return model
+        if version:  # as Triton: a bad version string is refused before the model is looked up
+            version = str(parse_version(version))
         if entry is None or not entry.ready:
             if entry is None or not entry.versions:
                 raise unknown_model(name)
@@ -123,8 +147,6 @@ class ModelRegistry:
         for model in entry.ready:
             if model.version_str == version:
                 return model
-        if not version.isdigit():
-            raise InvalidArgumentError(f"failed to parse model version '{version}' for '{name}'")
         raise unknown_version(name, version)
 
     def is_ready(self, name: str, version: str = "") -> bool:
@@ -234,7 +256,7 @@ class ModelRegistry:
     async def unload(self, name: str) -> None:
         entry = self.entries.get(name)
         if entry is None:
-            raise NotFoundError(f"failed to unload '{name}', no version is available")
+            return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
         async with entry.lock:
             old = entry.ready
             entry.ready = []

@@ -11,8 +11,14 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from serving_pod.core.errors import ServerError, grpc_code
+from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
+from serving_pod.logging_settings import FORMATS
 from serving_pod.shm import CUDA, SYSTEM
+
+#: LogSettings keys -> (the parameter they take, Triton's word for its type)
+_LOG_TYPES = {"log_info": ("bool_param", "boolean"), "log_warning": ("bool_param", "boolean"),
+              "log_error": ("bool_param", "boolean"), "log_verbose_level": ("uint32_param", "int32"),
+              "log_format": ("string_param", "string"), "log_file": ("string_param", "string")}
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
@@ -76,13 +82,15 @@ class ExtensionsMixin:
 
     async def TraceSetting(self, request, context):
         changes: dict[str, Any] = {}
-        for key, setting in request.settings.items():
-            values = list(setting.value)
-            if key == "trace_level":
-                changes[key] = values or None
-            else:
-                changes[key] = values[0] if values else None
         try:
+            for key, setting in request.settings.items():
+                values = list(setting.value)
+                if key == "trace_level":
+                    changes[key] = values or None
+                elif len(values) > 1:  # Triton's words; the first value was taken silently
+                    raise InvalidArgumentError(f"expect only 1 value for '{key}'")
+                else:
+                    changes[key] = values[0] if values else None
             settings = self.engine.trace_settings(request.model_name, changes)
         except ServerError as error:
             await _abort(context, error)
@@ -93,10 +101,17 @@ class ExtensionsMixin:
 
     async def LogSettings(self, request, context):
         changes: dict[str, Any] = {}
-        for key, setting in request.settings.items():
-            which = setting.WhichOneof("parameter_choice")
-            changes[key] = getattr(setting, which) if which else None
         try:
+            for key, setting in request.settings.items():
+                which = setting.WhichOneof("parameter_choice")
+                expected = _LOG_TYPES.get(key)
+                if expected is not None and which != expected[0]:  # an empty value too: Triton refuses it
+                    raise InvalidArgumentError(f"expect {expected[1]} for '{key}'")
+                value = getattr(setting, which) if which else None
+                if key == "log_format" and value not in FORMATS:
+                    # Triton's gRPC words and code (its HTTP route says UNAVAILABLE "--log_format", as the engine)
+                    raise InvalidArgumentError(f"invalid argument for log_format, got: {value}")
+                changes[key] = value
             settings = self.engine.log_settings_update(changes)
         except ServerError as error:
             await _abort(context, error)

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
+from serving_pod.core.errors import InvalidArgumentError, ServerError, UnsupportedError, grpc_code
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest
 from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response, encode_serialized
@@ -70,7 +70,11 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         return pb.ServerReadyResponse(ready=self.engine.is_ready())
 
     async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=self.engine.model_ready(request.name, request.version))
+        try:
+            ready = self.engine.model_ready(request.name, request.version)
+        except ServerError as error:  # a version string that cannot be parsed
+            await _abort(context, error)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request, context):
         meta = self.engine.server_metadata()
@@ -173,6 +177,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 task.cancel()
 
     async def RepositoryIndex(self, request, context):
+        if request.repository_name:  # Triton serves one merged index: naming a repository is refused, not ignored
+            await _abort(context, UnsupportedError("'repository_name' specification is not supported"))
         rows = self.engine.repository_index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
@@ -209,12 +215,14 @@ def _load_parameters(params) -> tuple[str | None, dict[str, bytes]]:
         which = value.WhichOneof("parameter_choice")
         if key == "config":
             if which != "string_param":
-                raise InvalidArgumentError("load parameter 'config' must be a string")
+                raise InvalidArgumentError("invalid value type for load parameter 'config', expected string_param.")
             config = value.string_param
         elif key.startswith("file:"):
             if which != "bytes_param":
-                raise InvalidArgumentError(f"load parameter '{key}' must be bytes")
+                raise InvalidArgumentError(f"invalid value type for load parameter '{key}', expected bytes_param.")
             files[key[5:]] = value.bytes_param
+        else:  # Triton refuses what it does not know instead of loading without it
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
     return config, files
 
 

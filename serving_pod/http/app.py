@@ -15,9 +15,10 @@ from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import InvalidArgumentError, ServerError
+from serving_pod.core.errors import InvalidArgumentError, NotFoundError, ServerError
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_base64, decode_infer_request, encode_infer_response
@@ -135,6 +136,10 @@ class InferEndpoint:
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
                 return
+        elif scope["type"] == "http" and _INFER_PATH.match(scope["path"]):
+            # as tritonserver: the infer route exists, only for POST (FastAPI has no such route, so it said 404)
+            await send_response(send, 405, b'{"error":"Method Not Allowed"}', [])
+            return
         await self.app(scope, receive, send)
 
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
@@ -159,12 +164,19 @@ def create_app(
     ``restrictions`` (``security.parse_restrictions``) puts the restricted-API guard in front;
     ``header_forward`` is ``--http-header-forward-pattern``.
     """
-    app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect of '/v2/x/' to '/v2/x': tritonserver answers 404, and a 307 sends some clients elsewhere
+    app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
 
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, error: ServerError) -> Response:
         status, body = error_body(error)
         return Response(body, status_code=status, media_type="application/json")
+
+    @app.exception_handler(HTTPException)
+    async def _routing_error(_: Request, error: HTTPException) -> Response:
+        # unknown routes and wrong methods: Triton's {"error": ...} body (tritonclient reads 'error'), not 'detail'
+        return Response(orjson.dumps({"error": error.detail}), status_code=error.status_code,
+                        media_type="application/json", headers=error.headers)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -202,22 +214,24 @@ def create_app(
     @app.get("/v2/models/{model}/stats")
     @app.get("/v2/models/{model}/versions/{version}/stats")
     async def stats(model: str, version: str = "") -> Response:
-        return json_response({"model_stats": engine.statistics(model, version)})
+        return json_response({"model_stats": engine.statistics(model, _route_version(version))})
 
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
     async def model_metadata(model: str, version: str = "") -> Response:
-        return json_response(engine.model_metadata(model, version))
+        return json_response(engine.model_metadata(model, _route_version(version)))
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
     async def model_ready(model: str, version: str = "") -> Response:
-        return Response(status_code=200 if engine.model_ready(model, version) else 400)
+        if engine.model_ready(model, _route_version(version)):
+            return Response(status_code=200)
+        return json_response({"error": "Model version not ready"}, 400)  # tritonserver's body
 
     @app.get("/v2/models/{model}/config")
     @app.get("/v2/models/{model}/versions/{version}/config")
     async def model_config(model: str, version: str = "") -> Response:
-        return json_response(engine.model_config_dict(model, version))
+        return json_response(engine.model_config_dict(model, _route_version(version)))
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
@@ -253,6 +267,14 @@ def create_app(
     return endpoint
 
 
+def _route_version(version: str) -> str:
+    """``version`` of a model route; tritonserver's routes match versions as ``[0-9]+``, so any other is an
+    unknown route to it (404 "Not Found"), where the engine would say the version string cannot be parsed."""
+    if version and not (version.isascii() and version.isdigit()):
+        raise NotFoundError("Not Found")
+    return version
+
+
 def _control_parameters(body: dict[str, Any], action: str) -> dict[str, Any]:
     """The ``parameters`` object of a load or unload request ({} when absent)."""
     params = body.get("parameters")
@@ -267,11 +289,14 @@ def decode_load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str
     """Load parameters (``_control_parameters``): ``config`` (JSON string) and ``file:<path>`` (base64) overrides."""
     config = params.get("config")
     if config is not None and not isinstance(config, str):
-        config = orjson.dumps(config).decode()
+        # tritonserver refuses a config that is not a JSON string (an object included): so do we
+        raise InvalidArgumentError("invalid value type for load parameter 'config', expected a string")
     files: dict[str, bytes] = {}
     for key, value in params.items():
         if key.startswith("file:"):
             if not isinstance(value, str):
                 raise InvalidArgumentError(f"load parameter '{key}' must be base64 text")
             files[key[5:]] = decode_base64(value, f"load parameter '{key}'")
+        elif key != "config":
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")  # Triton's words (gRPC)
     return config, files

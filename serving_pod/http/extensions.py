@@ -39,8 +39,10 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     async def system_status(region: str = "") -> Response:
         return json_response(shm.status(SYSTEM, region))
 
+    # the routes without a region exist so that a request without one gets Triton's 400, not an unknown route
+    @app.post("/v2/systemsharedmemory/register")
     @app.post("/v2/systemsharedmemory/region/{region}/register")
-    async def system_register(region: str, request: Request) -> Response:
+    async def system_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
         body = await json_body(request)
         key = body.get("key")
@@ -64,8 +66,9 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     async def cuda_status(region: str = "") -> Response:
         return json_response(shm.status(CUDA, region))
 
+    @app.post("/v2/cudasharedmemory/register")
     @app.post("/v2/cudasharedmemory/region/{region}/register")
-    async def cuda_register(region: str, request: Request) -> Response:
+    async def cuda_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
         body = await json_body(request)
         handle = body.get("raw_handle")

@@ -260,3 +260,42 @@ def test_models_that_fail_to_load_leave_the_others_serving(server):
     assert not client.is_server_ready()  # strict readiness: not every model is ready
     assert not client.is_model_ready("broken")
     _assert_still_serving(server)
+
+
+# routes and methods tritonserver does not serve: its {"error": ...} body (tritonclient reads 'error'), never
+# FastAPI's {"detail": ...}, and no 307 redirect for a trailing slash. case -> (method, path, status, error)
+ROUTE_CASES = {
+    "unknown route": ("GET", "/v2/nope", 404, "Not Found"),
+    "trailing slash": ("GET", "/v2/models/fp32/", 404, "Not Found"),  # was a 307 to /v2/models/fp32
+    "server metadata with a slash": ("GET", "/v2/", 404, "Not Found"),
+    "POST on live": ("POST", "/v2/health/live", 405, "Method Not Allowed"),
+    "DELETE on metadata": ("DELETE", "/v2/models/fp32", 405, "Method Not Allowed"),
+    "GET on load": ("GET", "/v2/repository/models/fp32/load", 405, "Method Not Allowed"),
+    "GET on infer": ("GET", "/v2/models/fp32/infer", 405, "Method Not Allowed"),  # was 404
+    "GET on versioned infer": ("GET", "/v2/models/fp32/versions/1/infer", 405, "Method Not Allowed"),
+    "model name with a slash": ("POST", "/v2/repository/models/..%2Fx/load", 404, "Not Found"),
+    # tritonserver's routes take [0-9]+ versions only (these were 400 "failed to parse model version")
+    "version not a number": ("GET", "/v2/models/fp32/versions/abc", 404, "Not Found"),
+    "negative version": ("GET", "/v2/models/fp32/versions/-1/config", 404, "Not Found"),
+    "not ready": ("GET", "/v2/models/absent/ready", 400, "Model version not ready"),  # was an empty body
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTE_CASES))
+def test_http_unknown_routes_and_methods(server, case):
+    method, path, status, error = ROUTE_CASES[case]
+    response = httpx.request(method, f"http://{server.http_url}{path}", timeout=30)
+    assert response.status_code == status, response.text
+    assert response.json() == {"error": error}
+    _assert_still_serving(server)
+
+
+@pytest.mark.parametrize("kind", ["system", "cuda"])
+def test_http_shared_memory_register_without_a_region(threaded_server, tmp_path, kind):
+    """Triton's 400 for a register request without a region name (the route was unknown: 404 {"detail": ...})."""
+    server = threaded_server([tmp_path], allow_client_shm=True)
+    body = {"key": "/x", "byte_size": 8} if kind == "system" else {"raw_handle": {"b64": "AAAA"}, "device_id": 0,
+                                                                    "byte_size": 8}
+    response = httpx.post(f"http://{server.http_url}/v2/{kind}sharedmemory/register", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json() == {"error": f"'region name' is necessary to register {kind} shared memory region"}

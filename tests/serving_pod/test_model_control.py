@@ -196,3 +196,80 @@ def test_version_policies(threaded_server, tmp_path):
     assert _infer(server, "http", "specific", np.ones((1, 4), np.float32), version="1").get_response()["model_version"] == "1"
     # the default version is the newest
     assert _infer(server, "http", "latest2", np.ones((1, 4), np.float32)).get_response()["model_version"] == "3"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_unload_of_an_unknown_model_succeeds(threaded_server, repository, protocol):
+    """tritonserver 2.51 answers success (HTTP 200, gRPC OK) to unloading a model it never loaded; it was 404."""
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    client = server.client(protocol)
+    client.unload_model("does_not_exist")
+    client.unload_model("beta")  # in the repository, never loaded
+    assert client.is_model_ready("alpha") and not client.is_model_ready("beta")
+
+
+def _grpc_stub(server):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(server.grpc_url)
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def test_unrecognized_load_parameters_refused(threaded_server, repository):
+    """Triton's INVALID_ARGUMENT "unrecognized load parameter"; the load went ahead without them (HTTP and gRPC)."""
+    import grpc
+    import httpx
+    from tritonclient.grpc import service_pb2 as pb
+
+    server = threaded_server([repository], model_control_mode="explicit")
+    response = httpx.post(f"http://{server.http_url}/v2/repository/models/beta/load",
+                          json={"parameters": {"bogus": "x"}}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "unrecognized load parameter 'bogus'."
+    request = pb.RepositoryModelLoadRequest(model_name="beta")
+    request.parameters["bogus"].int64_param = 1
+    channel, stub = _grpc_stub(server)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        stub.RepositoryModelLoad(request, timeout=30)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "unrecognized load parameter 'bogus'.")
+    assert not server.client("http").is_model_ready("beta")
+
+
+def test_load_config_of_the_wrong_type_refused(threaded_server, repository):
+    """'config' must be a JSON string, as tritonserver demands: an object was serialized and loaded (HTTP), and the
+    gRPC answer now has Triton's words."""
+    import grpc
+    import httpx
+    from tritonclient.grpc import service_pb2 as pb
+
+    server = threaded_server([repository], model_control_mode="explicit")
+    config = {"backend": "ferry_test", "max_batch_size": 2,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
+    response = httpx.post(f"http://{server.http_url}/v2/repository/models/beta/load",
+                          json={"parameters": {"config": config}}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid value type for load parameter 'config', expected a string"
+    request = pb.RepositoryModelLoadRequest(model_name="beta")
+    request.parameters["config"].bytes_param = json.dumps(config).encode()
+    channel, stub = _grpc_stub(server)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        stub.RepositoryModelLoad(request, timeout=30)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "invalid value type for load parameter 'config', expected string_param.")
+    assert not server.client("http").is_model_ready("beta")
+
+
+def test_grpc_repository_index_of_a_named_repository_refused(threaded_server, repository):
+    """tritonserver answers UNIMPLEMENTED; the name was ignored and the whole index sent."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    server = threaded_server([repository], model_control_mode="explicit")
+    channel, stub = _grpc_stub(server)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="models"), timeout=30)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported")

@@ -249,3 +249,50 @@ def test_metadata_errors(server, protocol):
     assert status == "404" and "Request for unknown model: 'absent' is not found" in message
     status, message = _error(client.get_model_config, "absent")
     assert status == "404"
+
+
+# ---- version strings and statistics: tritonserver 2.51's answers, checked side by side ----------------------------
+
+STOL = "version should be an integral value > 0"
+#: version string -> (HTTP (status, message), gRPC (status, message)); None = served. Triton's HTTP routes match
+#: versions as [0-9]+ (anything else is an unknown route); its gRPC front end reads them with std::stol.
+VERSION_CASES = {
+    "abc": (("404", "Not Found"),
+            ("400", f"failed to get model version from specified version string 'abc' (details: stol), {STOL}")),
+    "-1": (("404", "Not Found"), ("400", f"invalid model version specified '-1' , {STOL}")),
+    # was 404 "version 99999999999999999999 is not found"
+    "99999999999999999999": (("400", "failed to get model version from specified version string "
+                                     f"'99999999999999999999' (details: stol), {STOL}"),) * 2,
+    "01": (None, None),  # was 404: the version is 1
+    "007": (("404", "Request for unknown model: 'id_fp32' version 7 is not found"),) * 2,
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("version", list(VERSION_CASES))
+def test_model_version_strings(server, protocol, version):
+    expected = VERSION_CASES[version][PROTOCOLS.index(protocol)]
+    client = server.client(protocol)
+    for call in (client.get_model_metadata, client.get_model_config):
+        if expected is None:
+            call("id_fp32", version)
+        else:
+            assert _error(call, "id_fp32", version) == expected
+    if expected is None or expected[1].startswith("Request for unknown model"):
+        assert client.is_model_ready("id_fp32", version) == (expected is None)
+    elif protocol == "grpc":  # a version gRPC cannot parse is refused, not "not ready" (was ready=false)
+        assert _error(client.is_model_ready, "id_fp32", version) == expected
+    else:
+        assert not client.is_model_ready("id_fp32", version)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_statistics_errors(server, protocol):
+    """Triton's 400s (they were 404 'Request for unknown model'); a version without a model is ignored (was 400)."""
+    client = server.client(protocol)
+    assert _error(client.get_inference_statistics, "absent") == ("400", "requested model 'absent' is not available")
+    assert _error(client.get_inference_statistics, "id_fp32", "7") == (
+        "400", "requested model version is not available for model 'id_fp32'")
+    kwargs = {"as_json": True} if protocol == "grpc" else {}
+    stats = client.get_inference_statistics("", "1", **kwargs)["model_stats"]
+    assert {entry["name"] for entry in stats} >= {"id_fp32", "nobatch"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import httpx
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
@@ -125,8 +126,12 @@ def test_log_settings_update_and_read_only_log_file(server, protocol, tmp_path):
     with pytest.raises(InferenceServerException, match="log file location can not be updated through network protocol"):
         client.update_log_settings({"log_file": str(target), "log_info": True})
     assert _log(client.get_log_settings(), protocol)["log_info"] is False  # nothing applied from a refused update
-    with pytest.raises(InferenceServerException, match="invalid argument for --log_format, got: xml"):
+    # tritonserver 2.51's words differ by protocol: HTTP 503 "--log_format", gRPC INVALID_ARGUMENT "log_format"
+    flag = "--log_format" if protocol == "http" else "log_format"
+    with pytest.raises(InferenceServerException, match=f"invalid argument for {flag}, got: xml") as info:
         client.update_log_settings({"log_format": "xml"})
+    assert info.value.message() == f"invalid argument for {flag}, got: xml"
+    assert str(info.value.status()) in ("503", "StatusCode.INVALID_ARGUMENT")
     client.update_log_settings({"log_verbose_level": 0, "log_info": True, "log_format": "default"})
     _infer(server, protocol)
     assert not target.exists()
@@ -185,3 +190,68 @@ def test_opentelemetry_mode_exports_spans():
     (span,) = exporter.get_finished_spans()
     assert span.name == "InferRequest" and span.attributes["triton.model_name"] == "idt"
     assert [e.name for e in span.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+
+
+def _grpc_stub(server):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(server.grpc_url)
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _grpc_refused(server, method: str, request):
+    import grpc
+
+    channel, stub = _grpc_stub(server)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        getattr(stub, method)(request, timeout=30)
+    return info.value.code(), info.value.details()
+
+
+def test_grpc_trace_setting_with_several_values_refused(server):
+    """Only trace_level takes a list: a second value was dropped silently (tritonserver 2.51 refuses it)."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.TraceSettingRequest()
+    request.settings["trace_rate"].value.extend(["1", "2"])
+    assert _grpc_refused(server, "TraceSetting", request) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "expect only 1 value for 'trace_rate'")
+    assert server.client("http").get_trace_settings()["trace_rate"] == "1000"
+
+
+@pytest.mark.parametrize(("key", "kind", "value", "message"), [
+    ("log_info", None, None, "expect boolean for 'log_info'"),  # no value at all was taken as "no change"
+    ("log_verbose_level", "bool_param", True, "expect int32 for 'log_verbose_level'"),
+    ("log_format", "bool_param", True, "expect string for 'log_format'"),  # was UNAVAILABLE
+    ("log_format", "string_param", "xml", "invalid argument for log_format, got: xml"),  # was UNAVAILABLE
+])
+def test_grpc_log_settings_of_the_wrong_type(server, key, kind, value, message):
+    """tritonserver 2.51's code and words over gRPC; nothing is applied."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.LogSettingsRequest()
+    request.settings["log_verbose_level"].uint32_param = 1
+    if kind is None:
+        request.settings[key].SetInParent()
+    else:
+        setattr(request.settings[key], kind, value)
+    assert _grpc_refused(server, "LogSettings", request) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    assert server.client("http").get_log_settings()["log_verbose_level"] == 0
+
+
+def test_http_log_format_not_a_string_refused(server):
+    response = httpx.post(f"http://{server.http_url}/v2/logging", json={"log_format": 1}, timeout=30)
+    assert response.status_code == 400, response.text  # was 503 "invalid argument for --log_format, got: 1"
+    assert response.json()["error"] == "expect string for 'log_format'"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cleared_global_trace_setting_returns_to_its_startup_value(server, protocol):
+    """A null (HTTP) or empty (gRPC) global setting resets it, as tritonserver does; it was ignored."""
+    client = server.client(protocol)
+    assert _settings(client.update_trace_settings(settings={"trace_rate": "7"}), protocol)["trace_rate"] == "7"
+    cleared = _settings(client.update_trace_settings(settings={"trace_rate": None}), protocol)
+    assert cleared["trace_rate"] == "1000"
