@@ -216,50 +216,44 @@ def _grpc_stub(server):
     return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
-def test_unrecognized_load_parameters_refused(threaded_server, repository):
-    """Triton's INVALID_ARGUMENT "unrecognized load parameter"; the load went ahead without them (HTTP and gRPC)."""
+def _assert_load_refused(server, http_parameters: dict, grpc_parameter: tuple[str, str, object], http_error: str,
+                         grpc_error: str) -> None:
+    """Loading 'beta' with these parameters is refused over HTTP (400) and gRPC (INVALID_ARGUMENT) and loads nothing."""
     import grpc
     import httpx
     from tritonclient.grpc import service_pb2 as pb
 
-    server = threaded_server([repository], model_control_mode="explicit")
     response = httpx.post(f"http://{server.http_url}/v2/repository/models/beta/load",
-                          json={"parameters": {"bogus": "x"}}, timeout=30)
+                          json={"parameters": http_parameters}, timeout=30)
     assert response.status_code == 400, response.text
-    assert response.json()["error"] == "unrecognized load parameter 'bogus'."
+    assert response.json()["error"] == http_error
     request = pb.RepositoryModelLoadRequest(model_name="beta")
-    request.parameters["bogus"].int64_param = 1
+    key, field, value = grpc_parameter
+    setattr(request.parameters[key], field, value)
     channel, stub = _grpc_stub(server)
     with channel, pytest.raises(grpc.RpcError) as info:
         stub.RepositoryModelLoad(request, timeout=30)
-    assert (info.value.code(), info.value.details()) == (
-        grpc.StatusCode.INVALID_ARGUMENT, "unrecognized load parameter 'bogus'.")
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, grpc_error)
     assert not server.client("http").is_model_ready("beta")
+
+
+def test_unrecognized_load_parameters_refused(threaded_server, repository):
+    """Triton's INVALID_ARGUMENT "unrecognized load parameter"; the load went ahead without them (HTTP and gRPC)."""
+    server = threaded_server([repository], model_control_mode="explicit")
+    _assert_load_refused(server, {"bogus": "x"}, ("bogus", "int64_param", 1),
+                         "unrecognized load parameter 'bogus'.", "unrecognized load parameter 'bogus'.")
 
 
 def test_load_config_of_the_wrong_type_refused(threaded_server, repository):
     """'config' must be a JSON string, as tritonserver demands: an object was serialized and loaded (HTTP), and the
     gRPC answer now has Triton's words."""
-    import grpc
-    import httpx
-    from tritonclient.grpc import service_pb2 as pb
-
     server = threaded_server([repository], model_control_mode="explicit")
     config = {"backend": "ferry_test", "max_batch_size": 2,
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
-    response = httpx.post(f"http://{server.http_url}/v2/repository/models/beta/load",
-                          json={"parameters": {"config": config}}, timeout=30)
-    assert response.status_code == 400, response.text
-    assert response.json()["error"] == "invalid value type for load parameter 'config', expected a string"
-    request = pb.RepositoryModelLoadRequest(model_name="beta")
-    request.parameters["config"].bytes_param = json.dumps(config).encode()
-    channel, stub = _grpc_stub(server)
-    with channel, pytest.raises(grpc.RpcError) as info:
-        stub.RepositoryModelLoad(request, timeout=30)
-    assert (info.value.code(), info.value.details()) == (
-        grpc.StatusCode.INVALID_ARGUMENT, "invalid value type for load parameter 'config', expected string_param.")
-    assert not server.client("http").is_model_ready("beta")
+    _assert_load_refused(server, {"config": config}, ("config", "bytes_param", json.dumps(config).encode()),
+                         "invalid value type for load parameter 'config', expected a string",
+                         "invalid value type for load parameter 'config', expected string_param.")
 
 
 def test_grpc_repository_index_of_a_named_repository_refused(threaded_server, repository):

@@ -505,13 +505,18 @@ def limited_server(threaded_server, tmp_path):
                            http_max_input_size=LIMIT, http_read_timeout_secs=1.5, http_max_header_size=1024)
 
 
-def _known_first_request(server, monkeypatch) -> Wire:
-    """A new connection whose first request was answered by a known head (learned on another connection)."""
+def _teach(server, monkeypatch) -> list[bytes]:
+    """Answer the idt request once on its own connection, so its head is known; the headers parsed from now on."""
     teacher = Wire(_port(server))
     teacher.send(_request("/v2/models/idt/infer"))
     assert teacher.response()[0] == 200
     teacher.close()
-    parsed = _count_parsed_headers(monkeypatch, server)
+    return _count_parsed_headers(monkeypatch, server)
+
+
+def _known_first_request(server, monkeypatch) -> Wire:
+    """A new connection whose first request was answered by a known head (learned on another connection)."""
+    parsed = _teach(server, monkeypatch)
     wire = Wire(_port(server))
     wire.send(_request("/v2/models/idt/infer"))
     status, _, body = wire.response()
@@ -540,11 +545,7 @@ def test_a_known_head_restarts_the_header_count(limited_server, monkeypatch):
     """Blank lines before a request are skipped but counted toward the header limit until a request's headers
     end; a request answered by a known head ends them too (it once kept them, and a later head arriving in
     two reads got 431)."""
-    teacher = Wire(_port(limited_server))
-    teacher.send(_request("/v2/models/idt/infer"))
-    assert teacher.response()[0] == 200
-    teacher.close()
-    parsed = _count_parsed_headers(monkeypatch, limited_server)
+    parsed = _teach(limited_server, monkeypatch)
     wire = Wire(_port(limited_server))
     try:
         wire.send(b"\r\n" * 500)  # 1000 bytes, under the 1024 limit
