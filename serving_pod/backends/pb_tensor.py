@@ -139,14 +139,23 @@ class TritonError:
 # --------------------------------------------------------------------------- tensors
 
 
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str):  # Triton's binding refuses a non-str name with a TypeError
+        raise TypeError(f"Tensor name must be a str, found type '{type(name).__name__}'")
+    if not name:
+        raise TritonModelException("Tensor name cannot be an empty string.")
+
+
 class Tensor:
     """A named numpy tensor. ``Tensor(name, array)``; no copy is made."""
 
     __slots__ = ("_name", "_array", "_datatype", "_device")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise TritonModelException("Tensor name cannot be an empty string.")
+        _check_name(name)
+        if numpy_array is None or isinstance(numpy_array, (str, bytes)):
+            # numpy would make a 0-d object array of it: a BYTES scalar "None" the client never asked for
+            raise TypeError(f"Tensor '{name}': expected a numpy array, found type '{type(numpy_array).__name__}'")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         dtype = array.dtype
         kind = dtype.kind
@@ -253,8 +262,7 @@ class Tensor:
     def from_dlpack(name: str, dlpack_object: Any) -> "Tensor":
         """Triton's ``from_dlpack``: a capsule or an object with ``__dlpack__`` and ``__dlpack_device__``, in
         CPU, pinned host or (with cuda-python) CUDA memory. Host memory numpy can import is not copied."""
-        if not isinstance(name, str) or not name:
-            raise TritonModelException("Tensor name cannot be an empty string.")
+        _check_name(name)
         from serving_pod.backends import pb_dlpack
 
         try:

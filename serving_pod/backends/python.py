@@ -219,7 +219,7 @@ def auto_complete_with_module(module: Any, config_text: str, label: str) -> dict
         return None
     try:
         result = hook(pb_utils.ModelConfig(config_text))
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() in a model fails its load, never the server
         raise errors.ModelLoadError(
             f"auto_complete_config of python model '{label}' failed: {type(exc).__name__}: {exc}"
         ) from None
@@ -235,7 +235,7 @@ def _auto_complete_in_process(model_file: str, config_text: str, label: str) -> 
 
     try:
         module = load_model_module(model_file, str(Path(model_file).parent), f"{label}_autocomplete")
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() in a model fails its load, never the server
         raise errors.ModelLoadError(
             f"failed to load python model '{label}' from {model_file}: {describe(exc)}"
         ) from None

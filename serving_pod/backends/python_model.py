@@ -156,7 +156,7 @@ class PythonModelInstance:
         self._module: ModuleType | None = None
         try:
             self._module = load_model_module(spec.model_file, spec.version_dir, spec.instance_name)
-        except Exception as exc:
+        except BaseException as exc:  # a model's sys.exit() or KeyboardInterrupt fails its load, not the server
             _log.exception("python model '%s': importing %s failed", spec.model_name, spec.model_file)
             raise errors.ModelLoadError(
                 f"failed to load python model '{spec.model_name}' from {spec.model_file}: {describe(exc)}"
@@ -205,7 +205,7 @@ class PythonModelInstance:
                 self._await(initialize(spec.initialize_args()))
         except errors.ModelLoadError:
             raise
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             _log.exception("python model '%s': initialize failed", spec.model_name)
             raise errors.ModelLoadError(
                 f"failed to initialize python model '{spec.model_name}': {describe(exc)}"
@@ -225,7 +225,7 @@ class PythonModelInstance:
             result = self._execute(pb_requests)
             if type(result) is not list and asyncio.iscoroutine(result):
                 result = self._run(result)
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: a model's exception fails its requests only
             return self._fail_all(count, exc)
         if type(result) is not list:
             if result is None:
@@ -233,15 +233,21 @@ class PythonModelInstance:
             elif isinstance(result, tuple):
                 result = list(result)
             else:
-                return self._fail_all(count, TypeError(
-                    f"Expected a list in the execute return, found type '{type(result)}'."
-                ))
+                return self._fail_all(count, f"Expected a list in the execute return, found type '{type(result)}'.")
         if len(result) != count:
-            return self._fail_all(count, ValueError(
+            return self._fail_all(
+                count,
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
-                f"is:{len(result)}"
-            ))
+                f"is:{len(result)}",
+            )
+        for response in result:  # Triton fails the whole call, with its own wording, on a foreign object
+            if response is not None and not isinstance(response, pb_utils.InferenceResponse):
+                return self._fail_all(
+                    count,
+                    "Expected an 'InferenceResponse' object in the execute function return list, "
+                    f"found type '{type(response)}'.",
+                )
         to_domain = link.to_domain
         answers: list[InferResponse | errors.ServerError] = []
         for request, pb_request, response in zip(requests, pb_requests, result):
@@ -256,15 +262,14 @@ class PythonModelInstance:
             answers.append(to_domain(request, response))
         return answers
 
-    def _message(self, exc: BaseException) -> str:
-        return (
-            f"Failed to process the request(s) for model '{self._spec.instance_name}', "
-            f"message: {describe(exc)}"
-        )
+    def _message(self, exc: BaseException | str) -> str:
+        """Triton's wording; a misuse the backend found (a ``str``) carries no exception type."""
+        detail = exc if isinstance(exc, str) else describe(exc)
+        return f"Failed to process the request(s) for model '{self._spec.instance_name}', message: {detail}"
 
-    def _fail_all(self, count: int, exc: BaseException) -> list[Any]:
+    def _fail_all(self, count: int, exc: BaseException | str) -> list[Any]:
         message = self._message(exc)
-        _log.error("%s", message, exc_info=exc)
+        _log.error("%s", message, exc_info=None if isinstance(exc, str) else exc)
         return [errors.InternalError(message) for _ in range(count)]
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Any]:
@@ -291,7 +296,7 @@ class PythonModelInstance:
                     f"Python model '{self._spec.model_name}' is using the decoupled mode and the "
                     "execute function must return None."
                 )
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             self._fail_open(pb_requests, exc)
         return answers
 
@@ -353,7 +358,7 @@ class PythonModelInstance:
         if finalize is not None:
             try:
                 self._await(finalize())
-            except (Exception, SystemExit):
+            except BaseException:
                 _log.exception("python model '%s': finalize failed", self._spec.model_name)
         if self._background is not None:
             self._background.stop()
