@@ -28,9 +28,9 @@ def requested(outputs: list[RequestedOutput]) -> dict[str, int] | None:
     """``{output: N}`` for the outputs asking for classification, or None."""
     counts: dict[str, int] | None = None
     for output in outputs:
-        value = output.parameters.get("classification")
-        if value is None:
+        if "classification" not in output.parameters:
             continue
+        value = output.parameters["classification"]  # None (JSON null, an unset gRPC value) is refused too
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidArgumentError(
                 f"output '{output.name}': 'classification' must be a positive integer, got {value!r}"

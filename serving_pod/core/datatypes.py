@@ -167,7 +167,10 @@ def from_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview, wha
     """
     count = element_count(shape)
     if datatype == "BYTES":
-        return deserialize_bytes(raw, count).reshape(shape)
+        try:
+            return deserialize_bytes(raw, count).reshape(shape)
+        except InvalidArgumentError as error:  # name the tensor, as Triton does (on the error branch only)
+            raise InvalidArgumentError(f"{what}: {error.message}") from None
     dtype = numpy_dtype(datatype)
     expected = count * dtype.itemsize
     if len(raw) != expected:

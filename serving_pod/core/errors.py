@@ -92,7 +92,9 @@ def unknown_version(name: str, version: str) -> NotFoundError:
     )
 
 
-def model_not_ready(name: str, version: str | None = None) -> UnavailableError:
+def model_not_ready(name: str, version: str | None = None) -> ServerError:
+    """Triton's answers for a known model with no READY version: a named version that is loading or failed is
+    UNAVAILABLE; with no version asked, the model "has no available versions", which Triton reports as NOT_FOUND."""
     if version:
-        return UnavailableError(f"Request for unknown model: '{name}' version {version} is not ready")
-    return UnavailableError(f"Request for unknown model: '{name}' has no available versions")
+        return UnavailableError(f"Request for unknown model: '{name}' version {version} is not at ready state")
+    return NotFoundError(f"Request for unknown model: '{name}' has no available versions")

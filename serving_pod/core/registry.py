@@ -141,6 +141,8 @@ class ModelRegistry:
         if entry is None or not entry.ready:
             if entry is None or not entry.versions:
                 raise unknown_model(name)
+            if version and int(version) not in entry.versions:
+                raise unknown_version(name, version)  # as Triton: a version never loaded is not found
             raise model_not_ready(name, version or None)
         if not version:
             return entry.ready[0]

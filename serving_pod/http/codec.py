@@ -17,6 +17,7 @@ import orjson
 
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.parameters import RESERVED_PARAMETER_KEYS
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
 
@@ -117,10 +118,15 @@ def _check_http_parameters(parameters: dict[str, Any]) -> None:
         raise InvalidArgumentError(
             f"Unable to parse 'binary_data_output': expected true or false, got {parameters['binary_data_output']!r}"
         )
-    for key in parameters:
+    for key, value in parameters.items():
         if key.startswith("triton_"):
             raise InvalidArgumentError(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
+        # a parameter reaches the model as an int, bool, string or double; Triton refuses anything else
+        if (value is None or isinstance(value, (list, dict))) and key not in RESERVED_PARAMETER_KEYS:
+            raise InvalidArgumentError(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
             )
 
 
@@ -182,13 +188,27 @@ def json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ..
             else:
                 raise InvalidArgumentError(f"input '{name}': BYTES elements must be JSON strings")
         return array.reshape(shape)
+    # numpy would turn "1.5" or true into a number and truncate 1.5 into an integer: Triton refuses each
+    allowed, expected = _JSON_ELEMENT_TYPES[dtype.kind]
+    if not set(map(type, flat)) <= allowed:
+        if datatype == "BOOL":
+            raise InvalidArgumentError(f"input '{name}': BOOL elements must be true or false")
+        bad = next(v for v in flat if type(v) not in allowed)
+        raise InvalidArgumentError(f"input '{name}': data does not fit {datatype}: expected {expected}, got {bad!r}")
     try:
         array = np.asarray(flat, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgumentError(f"input '{name}': data does not fit {datatype}: {exc}") from None
-    if datatype == "BOOL" and any(not isinstance(v, bool) for v in flat):
-        raise InvalidArgumentError(f"input '{name}': BOOL elements must be true or false")
     return array.reshape(shape)
+
+
+#: numpy kind of a JSON tensor -> (the JSON element types it takes, their description for errors)
+_JSON_ELEMENT_TYPES: dict[str, tuple[frozenset[type], str]] = {
+    "b": (frozenset({bool}), "true or false"),
+    "i": (frozenset({int}), "integers"),
+    "u": (frozenset({int}), "integers"),
+    "f": (frozenset({int, float}), "numbers"),
+}
 
 
 def _flatten(values: list) -> list:

@@ -77,6 +77,13 @@ HTTP_CASES = {
                                  "binary_data_size must be a non-negative integer"),
     "wrong JSON value type": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": ["a", 2, 3, 4]}]}).encode(),
                               {}, 400, "data does not fit FP32"),
+    # numpy read these as numbers (served, the float truncated); Triton 2.51 refuses them ("Unable to parse 'data'")
+    "number as JSON string": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": ["1", 2, 3, 4]}]}).encode(),
+                              {}, 400, "input 'INPUT0': data does not fit FP32: expected numbers, got '1'"),
+    "JSON boolean as a number": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, True]}]}).encode(),
+                                 {}, 400, "input 'INPUT0': data does not fit FP32: expected numbers, got True"),
+    "BYTES element count": (*_binary_request("INPUT0", "BYTES", [1, 2], struct.pack("<I", 1) + b"a"), 400,
+                            "input 'INPUT0': BYTES tensor data holds 1 elements, expected 2"),  # the input was not named
     "binary larger than body": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 8, declared=16), 400, "unexpected end of binary data for input 'INPUT0'"),
     "binary size wrong for shape": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 12), 400, "expected 16 bytes of FP32 data for shape [1, 4], got 12"),
     "trailing bytes": ((lambda b, h: (b + b"junk", h))(*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 16)) + (400, "binary section holds 20 bytes")),
@@ -94,6 +101,20 @@ def test_http_bad_bodies(server, case):
     assert response.status_code == status, response.text
     assert fragment in response.json()["error"]
     _assert_still_serving(server)
+
+
+@pytest.mark.parametrize(("data", "fragment"), [
+    ([1.5, 2, 3, 4], "input 'INPUT0': data does not fit INT32: expected integers, got 1.5"),  # was served as 1
+    ([1, False, 3, 4], "input 'INPUT0': data does not fit INT32: expected integers, got False"),
+    ([1, 2, 3, "4"], "input 'INPUT0': data does not fit INT32: expected integers, got '4'"),
+])
+def test_http_json_integers_take_only_integers(threaded_server, tmp_path, data, fragment):
+    write_model(tmp_path, "int32", test_model_config("int32", "TYPE_INT32"))
+    server = threaded_server([tmp_path])
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "INT32", "data": data}]}
+    response = _post(server, json.dumps(body).encode(), model="int32")
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]
 
 
 def test_http_truncated_bytes_tensor(server):
@@ -143,6 +164,9 @@ GRPC_CASES = {
     "no data": (_grpc_request([]), "input 'INPUT0' has no data"),
     "truncated BYTES": (_grpc_request([struct.pack("<I", 9) + b"abc"], "BYTES", (1, 2), "text"), "unexpected end of BYTES tensor data"),
     "unknown datatype": (_grpc_request([b"\0" * 16], "FP128"), "invalid datatype 'FP128'"),
+    # the input was not named (Triton names it)
+    "BYTES element count": (_grpc_request([struct.pack("<I", 1) + b"a"], "BYTES", (1, 2), "text"),
+                            "input 'INPUT0': BYTES tensor data holds 1 elements, expected 2"),
     # the same shapes as over HTTP (gRPC shapes are int64s, so no booleans)
     "shape too large": (_grpc_request([b""], shape=(HUGE, HUGE, 0)), f"input 'INPUT0': shape [{HUGE}, {HUGE}, 0] has too many elements"),
     "shape of 65 dimensions": (_grpc_request([b"\0" * 4], shape=(1,) * 65), "has more than 64 dimensions"),
@@ -216,6 +240,12 @@ def test_grpc_reserved_parameter_of_the_wrong_type(server, case):
     ({"inputs": [GOOD_INPUT], "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": 1}}]},
      "output 'OUTPUT0': Unable to parse 'binary_data': expected true or false, got 1"),
     ({"inputs": [GOOD_INPUT], "id": 7}, "Unable to parse 'id': expected a string, got 7"),
+    # each was served: Triton 2.51 refuses them (a 400 with these words; the two below are its 500s)
+    ({"inputs": [GOOD_INPUT], "parameters": {"custom": [1, 2]}},
+     "parameter 'custom' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ({"inputs": [GOOD_INPUT], "parameters": {"custom": None}}, "parameter 'custom' has invalid type"),
+    ({"inputs": [GOOD_INPUT], "outputs": [{"name": "OUTPUT0", "parameters": {"classification": None}}]},
+     "output 'OUTPUT0': 'classification' must be a positive integer, got None"),
 ])
 def test_http_only_parameters_of_the_wrong_type(server, body, fragment):
     response = _post(server, json.dumps(body).encode())
@@ -259,6 +289,28 @@ def test_models_that_fail_to_load_leave_the_others_serving(server):
     assert client.is_server_live()
     assert not client.is_server_ready()  # strict readiness: not every model is ready
     assert not client.is_model_ready("broken")
+    _assert_still_serving(server)
+
+
+# a model with no READY version, as tritonserver 2.51 answers (all three were 503 "... is not ready"):
+# version -> (HTTP status, gRPC code, message)
+NOT_READY_CASES = {
+    "": (404, grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'fails_load' has no available versions"),
+    "1": (503, grpc.StatusCode.UNAVAILABLE, "Request for unknown model: 'fails_load' version 1 is not at ready state"),
+    "2": (404, grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'fails_load' version 2 is not found"),
+}
+
+
+@pytest.mark.parametrize("version", list(NOT_READY_CASES))
+def test_infer_to_a_model_that_failed_to_load(server, version):
+    status, code, message = NOT_READY_CASES[version]
+    path = f"fails_load/versions/{version}" if version else "fails_load"
+    response = _post(server, json.dumps({"inputs": [GOOD_INPUT]}).encode(), model=path)
+    assert (response.status_code, response.json()) == (status, {"error": message})
+    request = _grpc_request([np.arange(4, dtype=np.float32).tobytes()], model="fails_load")
+    request.model_version = version
+    error = _grpc_call(server, request)
+    assert (error.code(), error.details()) == (code, message)
     _assert_still_serving(server)
 
 

@@ -37,7 +37,7 @@ def test_repository_models_load_infer_unload_and_report(repository: Path) -> Non
         assert engine.model_config("simple")["max_batch_size"] == 8
         engine.unload("identity")
         assert not engine.is_ready("identity") and engine.is_ready("simple")
-        with pytest.raises(UnavailableError, match="'identity' has no available versions"):
+        with pytest.raises(NotFoundError, match="'identity' has no available versions"):
             engine.infer("identity", {"INPUT0": np.ones((1, 4), np.float32)})
         engine.load("identity")
         assert engine.infer("identity", {"INPUT0": np.ones((1, 4), np.float32)})["OUTPUT0"].sum() == 4
