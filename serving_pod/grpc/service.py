@@ -144,8 +144,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                     if not response.outputs and response.final and not enable_empty and decoupled:
                         continue
                     encoded = encode_infer_response(response)
-                    if decoupled:
-                        encoded.parameters["triton_final_response"].bool_param = response.final
+                    # every stream response says whether it is its request's last, decoupled model or not (tritonserver)
+                    encoded.parameters["triton_final_response"].bool_param = response.final
                     await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
             except ServerError as error:
                 await queue.put(_stream_error(message, error))

@@ -28,6 +28,18 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled_repo")
     for name in ("dec_counter", "dec_async", "dec_seq", "wait_cancel"):
         shutil.copytree(DATA / name, repo / name)
+    echo = repo / "echo_int"  # not decoupled: one response per request
+    (echo / "1").mkdir(parents=True)
+    (echo / "config.pbtxt").write_text(
+        'name: "echo_int"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (echo / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", pb_utils.get_input_tensor_by_name(r, "
+        "\"COUNT\").as_numpy())]) for r in requests]\n")
     thread = ServerThread(make_options([repo]))
     handle = thread.start()
     assert not handle.engine.startup_failures, handle.engine.startup_failures
@@ -93,6 +105,18 @@ def test_final_flag_on_a_data_response(server) -> None:
     results = stream.take(3)
     assert [int(r.as_numpy("OUT")[0]) for r in results] == [0, 1, 2]
     assert [_final(r) for r in results] == [False, False, True]
+    stream.assert_quiet()
+    stream.close()
+
+
+@pytest.mark.parametrize("enable_empty", [False, True])
+def test_a_models_one_response_on_a_stream_is_marked_final(server, enable_empty: bool) -> None:
+    """tritonserver sets triton_final_response on every stream response, decoupled model or not; a client
+    waiting for the flag got none from a model that answers once (and no empty final response follows)."""
+    stream = Stream(server)
+    stream.send("echo_int", "COUNT", 7, enable_empty_final_response=enable_empty)
+    (only,) = stream.take(1)
+    assert int(only.as_numpy("OUT")[0]) == 7 and _final(only)
     stream.assert_quiet()
     stream.close()
 
