@@ -46,6 +46,8 @@ class ServerRun:
     loaded_rss_mib: float
     exit_code: int | None
     reported: str
+    #: digest of the model's answer to one seeded request (``servers.sample_answer``): the same for every server
+    answer: str = ""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,6 +151,7 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
         time.sleep(args.settle)
         idle = srv.rss_bytes() / MIB
         identity = server_identity(ports.http)
+        answer = servers.sample_answer(ports.http, args.model)
         print(f"[round {round_no}] {spec.name} ({identity}) ready in {startup:.2f} s, idle RSS {idle:.1f} MiB",
               flush=True)
         first = args.protocol_list[0]
@@ -174,7 +177,7 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
                     raise servers.ServerError(f"{spec.name} died during the run: {srv.log_tail()}")
         loaded = srv.rss_bytes() / MIB
         code = srv.stop()
-    return measurements, ServerRun(spec.name, round_no, startup, idle, loaded, code, identity)
+    return measurements, ServerRun(spec.name, round_no, startup, idle, loaded, code, identity, answer)
 
 
 def repository_ready(port: int) -> tuple[bool, list[str]]:
@@ -249,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio_rows = report.ratios(summaries, "triton", measurements) if "triton" in args.server_list else []
     print("\n" + report.format_table(summaries, ratio_rows))
     print("\n" + format_runs(runs, soaks, default))
+    answers = {run.answer for run in runs}
+    print(f"answers: {'the same from every server' if len(answers) == 1 else 'DIFFER between servers'} "
+          f"({', '.join(sorted({f'{run.server} {run.answer}' for run in runs}))})")
     payload = {
         "kind": "compare_triton", "started_utc": stamp, "model": args.model,
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),

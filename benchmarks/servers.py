@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import os
 import signal
 import socket
@@ -84,12 +85,51 @@ def ferry_spec(name: str, repositories: Sequence[Path], models: Sequence[str], p
 
 def triton_spec(name: str, command: Sequence[str], env: Mapping[str, str], repositories: Sequence[Path],
                 models: Sequence[str], ports: Ports, extra: Sequence[str] = ()) -> ServerSpec:
-    """NVIDIA Triton from ``tests.support.triton`` (``command`` carries ``--backend-directory``)."""
-    from tests.support.triton import triton_args
+    """NVIDIA Triton from ``tests.support.triton`` (``command`` carries ``--backend-directory``), on copies of
+    ``repositories`` whose python models import the numpy its stub is built for (``triton_repositories``)."""
+    from tests.support.triton import triton_args, triton_repositories
 
-    args = triton_args(repositories, models, http_port=ports.http, grpc_port=ports.grpc,
+    args = triton_args(triton_repositories(repositories), models, http_port=ports.http, grpc_port=ports.grpc,
                        metrics_port=ports.metrics)
     return ServerSpec(name, (*command, *args, *extra), dict(env))
+
+
+def sample_answer(port: int, model: str) -> str:
+    """A digest of ``model``'s answer to one request of seeded data (HTTP, binary tensors, -1 dims as 1), so that
+    runs can check every server computed the same thing. ServerError when an output comes back empty although
+    its shape has elements: a server answering without the model's work (Triton 2.51's stub under numpy 2 did)."""
+    import hashlib
+
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import triton_to_np_dtype
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=30)
+    try:
+        metadata = client.get_model_metadata(model)
+        rng = np.random.default_rng(0)
+        inputs = []
+        for spec in metadata["inputs"]:
+            shape = [1 if dim < 0 else dim for dim in spec["shape"]]
+            if spec["datatype"] == "BYTES":
+                data = np.full(shape, b"ferry", dtype=np.object_)
+            else:
+                data = (rng.random(shape) * 100).astype(triton_to_np_dtype(spec["datatype"]))
+            tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
+            tensor.set_data_from_numpy(data, binary_data=True)
+            inputs.append(tensor)
+        outputs = [httpclient.InferRequestedOutput(o["name"], binary_data=True) for o in metadata["outputs"]]
+        result = client.infer(model, inputs, outputs=outputs)
+    finally:
+        client.close()
+    digest = hashlib.sha256()
+    for output in result.get_response()["outputs"]:
+        elements = math.prod(output["shape"])
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        if elements and size == 0:
+            raise ServerError(f"'{model}' answered output '{output['name']}' of shape {output['shape']} with no data")
+        digest.update(output["name"].encode() + np.ascontiguousarray(result.as_numpy(output["name"])).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def http_ready(port: int, timeout: float = 1.0, path: str = "/v2/health/ready") -> bool:

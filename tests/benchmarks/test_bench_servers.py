@@ -58,3 +58,46 @@ def test_ferry_spec_uses_tritonserver_flag_names(tmp_path: Path) -> None:
     assert spec.argv[3:] == (f"--model-repository={tmp_path}", "--model-control-mode=explicit",
                              "--load-model=double_py", "--http-port=1", "--grpc-port=2", "--metrics-port=3",
                              "--log-verbose=1")
+
+
+def test_sample_answer_is_the_models_answer_every_time(threaded_server) -> None:
+    handle = threaded_server([servers.BENCH_MODELS], model_control_mode="explicit", load_models=("double_py",))
+    port = handle.server.http_port
+    first = servers.sample_answer(port, "double_py")
+    assert first == servers.sample_answer(port, "double_py") and len(first) == 16
+
+
+# A server that answers like Triton 2.51's python backend under numpy 2: the output's shape, but no bytes.
+EMPTY = textwrap.dedent("""
+    import http.server, json, sys
+    META = {"name": "m", "inputs": [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "shape": [-1, 4]}]}
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def _send(self, body, headers=()):
+            self.send_response(200)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def do_GET(self):
+            self._send(json.dumps(META).encode())
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"model_name": "m", "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1, 4],
+                                                               "parameters": {"binary_data_size": 0}}]}).encode()
+            self._send(body, [("Inference-Header-Content-Length", str(len(body)))])
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_sample_answer_refuses_outputs_without_data(tmp_path: Path) -> None:
+    ports = servers.free_ports()
+    spec = servers.ServerSpec("empty", (sys.executable, "-c", EMPTY, str(ports.http)))
+    with servers.Server(spec, ports, tmp_path / "empty.log") as srv:
+        srv.start(timeout=30)
+        with pytest.raises(servers.ServerError, match="answered output 'Y' of shape \\[1, 4\\] with no data"):
+            servers.sample_answer(ports.http, "m")

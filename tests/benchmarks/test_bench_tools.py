@@ -73,3 +73,12 @@ def test_triton_args_use_explicit_model_control() -> None:
     args = triton.triton_args(["/repo"], ["double_py"], http_port=1, grpc_port=2, metrics_port=3)
     assert "--model-control-mode=explicit" in args and "--load-model=double_py" in args
     assert {"--http-port=1", "--grpc-port=2", "--metrics-port=3", "--model-repository=/repo"} <= set(args)
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import numpy as np\n", "SHIM\nimport numpy as np\n"),
+    ('"""doc"""\nfrom __future__ import annotations\nimport numpy\n',
+     '"""doc"""\nfrom __future__ import annotations\nSHIM\nimport numpy\n'),
+])
+def test_the_stubs_numpy_comes_first_after_future_imports(source: str, expected: str) -> None:
+    assert triton._with_shim(source, "SHIM\n") == expected

@@ -7,6 +7,12 @@ python backend stub for *this* interpreter is copied. The stub embeds libpython,
 with this interpreter's ``LIBDIR`` (else the system libpython is picked and the stub fails). Triton exits when
 any model fails to load: start it with ``--model-control-mode=explicit --load-model=NAME`` (:func:`triton_args`).
 Shared install helpers live in ``perf_analyzer.py``.
+
+numpy: the 2.51 stub is built against numpy 1. Under numpy 2 (this project's) a python model's output tensors
+reach the server empty: every answer has ``binary_data_size: 0``, so Triton did less work than the model asks
+for and answered wrongly. The stub starts Python in isolated mode (no ``PYTHONPATH``, no user site), so
+:func:`triton_repositories` hands Triton copies of the repositories whose python ``model.py`` files first put
+``numpy==1.26.4`` (unzipped into ``.tools/``) on ``sys.path``; the models are otherwise the same files.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from .perf_analyzer import (
 
 TRITON_VERSION = "2.51.0"
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
+STUB_NUMPY_REQUIREMENT = "numpy==1.26.4"  # the stub's numpy (module docstring)
 _PREFIXES = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
 _STUB = "triton_python_backend_stub"
 
@@ -73,6 +80,45 @@ def _install_stub(root: Path) -> None:
     (root / "bin" / "tritonserver").chmod(0o755)
 
 
+def _stub_numpy(tools: Path) -> Path:
+    """numpy 1 for the stub (module docstring), unzipped from its wheel into ``tools``; the directory to import from."""
+    home = tools / f"triton-{TRITON_VERSION}-numpy1"
+    if not (home / "numpy" / "__init__.py").exists():
+        wheel = pip_download(STUB_NUMPY_REQUIREMENT, tools / "wheels")
+        extract_wheel(wheel, ("numpy/", "numpy.libs/"), home)
+    return home
+
+
+def _shim(numpy_dir: Path) -> str:
+    return f"import sys; sys.path.insert(0, {str(numpy_dir)!r})  # Triton 2.51's stub needs numpy 1 (tests/support/triton.py)\n"
+
+
+def _with_shim(source: str, shim: str) -> str:
+    """``shim`` as the first statement after any ``from __future__`` imports (which must come first)."""
+    lines = source.splitlines(keepends=True)
+    at = max((i + 1 for i, line in enumerate(lines) if line.startswith("from __future__")), default=0)
+    return "".join(lines[:at]) + shim + "".join(lines[at:])
+
+
+def triton_repositories(repositories: Sequence[Path | str], tools: Path | None = None) -> list[Path]:
+    """Copies of ``repositories`` for Triton (kept under ``tools``, made again when a source changes) in which every
+    python model's ``model.py`` starts by putting the stub's numpy 1 on ``sys.path`` (module docstring)."""
+    tools = tools or tools_dir()
+    with locked(tools):
+        numpy_dir = _stub_numpy(tools)
+    shim = _shim(numpy_dir)
+    copies = []
+    for source in map(Path, repositories):
+        source = source.resolve()
+        target = tools / "triton-repositories" / source.as_posix().strip("/").replace("/", "_")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        for model_py in target.glob("*/*/model.py"):
+            model_py.write_text(_with_shim(model_py.read_text(), shim))
+        copies.append(target)
+    return copies
+
+
 def ensure_triton(tools: Path | None = None) -> Located:
     """Install (once) and verify Triton; ``command()`` already carries ``--backend-directory``."""
     tools = tools or tools_dir()
@@ -83,6 +129,7 @@ def ensure_triton(tools: Path | None = None) -> Located:
         with locked(tools):
             root = _unpack(tools)
             _install_stub(root)
+            _stub_numpy(tools)
     except (InstallError, OSError, zipfile.BadZipFile) as exc:
         return Located(None, f"cannot install Triton {TRITON_VERSION}: {exc}")
     env = prepend_env_path(os.environ, "LD_LIBRARY_PATH", [libdir])
@@ -133,7 +180,7 @@ def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -
 
     triton = triton_or_skip()
     http, grpc, metrics = free_ports(3)
-    args = triton_args([repository], models, http_port=http, grpc_port=grpc, metrics_port=metrics)
+    args = triton_args(triton_repositories([repository]), models, http_port=http, grpc_port=grpc, metrics_port=metrics)
     proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2", *flags), env=triton.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
