@@ -149,6 +149,18 @@ class CustomMetricsCollector:
             yield metric
 
 
+class PinnedMemoryCollector:
+    """``nv_pinned_memory_pool_{total,used}_bytes``, which Triton exports on every server, CPU-only ones too.
+
+    Ferry keeps no pinned host memory pool (``--pinned-memory-pool-byte-size`` has no effect), so both read 0:
+    what Triton reports before its pool is allocated, and what a dashboard keyed on the names expects to find.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes", value=0)
+        yield GaugeMetricFamily("nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes", value=0)
+
+
 class CpuCollector:
     """``nv_cpu_utilization`` and ``nv_cpu_memory_{total,used}_bytes`` (psutil)."""
 
@@ -239,6 +251,7 @@ def build_registry(engine: Any, *, gpu_metrics: bool = True, cpu_metrics: bool =
     """The server's own metrics registry (never the global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(engine))
+    registry.register(PinnedMemoryCollector())  # Triton's order: after the per-model families, before CPU
     if cpu_metrics:
         registry.register(CpuCollector())
     if gpu_metrics:
@@ -272,15 +285,22 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
+def _label_order(label: tuple[str, Any]) -> tuple[bool, str]:
+    """prometheus-cpp's order: a series' labels sorted by name (a std::map), then ``le`` or ``quantile``."""
+    return label[0] in ("le", "quantile"), label[0]
+
+
 def render(registry: CollectorRegistry) -> bytes:
     """Prometheus text format with names exactly as Triton exposes them (no ``_total`` suffix)."""
     lines: list[str] = []
     for metric in registry.collect():
+        if not metric.samples:  # prometheus-cpp leaves out a family with no series (cache families without a cache)
+            continue
         lines.append(f"# HELP {metric.name} {_escape_help(metric.documentation)}")
         lines.append(f"# TYPE {metric.name} {metric.type}")
         for sample in metric.samples:
             if sample.labels:
-                labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sample.labels.items())
+                labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(sample.labels.items(), key=_label_order))
                 lines.append(f"{sample.name}{{{labels}}} {_number(sample.value)}")
             else:
                 lines.append(f"{sample.name} {_number(sample.value)}")

@@ -127,6 +127,51 @@ def test_gpu_metrics_are_nvmls_figures_per_gpu_uuid(threaded_server, tmp_path):
     assert not [name for name in _families(off) if name.startswith(("nv_gpu_", "nv_energy_"))]
 
 
+def test_scrape_text_is_tritons_label_order_and_pinned_memory_families(threaded_server, tmp_path):
+    """Triton 2.51's CPU-only scrape, line for line: labels sorted by name (``reason`` between ``model`` and
+    ``version``), and the pinned memory pool gauges after the per-model families, before the CPU ones."""
+    write_model(tmp_path, "m", test_model_config("m"))
+    raw = httpx.get(threaded_server([tmp_path]).metrics_url, timeout=10).text
+    assert '\nnv_inference_request_failure{model="m",reason="BACKEND",version="1"} 0\n' in raw
+    for name, help_text in (("total", "Pinned memory pool total memory size, in bytes"),
+                            ("used", "Pinned memory pool used memory size, in bytes")):
+        assert (f"# HELP nv_pinned_memory_pool_{name}_bytes {help_text}\n# TYPE nv_pinned_memory_pool_{name}_bytes gauge\n"
+                f"nv_pinned_memory_pool_{name}_bytes 0\n") in raw
+    types = [line.split()[2] for line in raw.splitlines() if line.startswith("# TYPE")]
+    assert types.index("nv_inference_pending_request_count") < types.index("nv_pinned_memory_pool_total_bytes") \
+        < types.index("nv_cpu_utilization")
+
+
+def test_quantile_and_le_come_after_the_sorted_labels():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+
+    from serving_pod.metrics import render
+
+    class One:
+        def collect(self):  # type: ignore[no-untyped-def]
+            metric = Metric("nv_x_summary_us", "x", "summary")
+            metric.add_sample("nv_x_summary_us", {"version": "1", "quantile": "0.5", "model": "m"}, 1.0)
+            yield metric
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    assert 'nv_x_summary_us{model="m",version="1",quantile="0.5"} 1\n' in render(registry).decode()
+
+
+def test_families_without_series_are_left_out(threaded_server, tmp_path):
+    """prometheus-cpp drops a family with no series: Triton has no per-model families before a model loads,
+    and no per-model cache families when no model enables the cache."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    raw = httpx.get(threaded_server([empty]).metrics_url, timeout=10).text
+    assert "nv_inference_request_success" not in raw and "nv_inference_pending_request_count" not in raw
+    assert "# TYPE nv_cpu_utilization gauge" in raw
+    write_model(tmp_path / "repo", "m", test_model_config("m"))
+    raw = httpx.get(threaded_server([tmp_path / "repo"]).metrics_url, timeout=10).text
+    assert "# TYPE nv_inference_request_success counter" in raw and "nv_cache_" not in raw
+
+
 def test_metrics_endpoint_404_elsewhere(threaded_server, tmp_path):
     server = threaded_server([tmp_path])
     response = httpx.get(server.metrics_url.replace("/metrics", "/other"), timeout=10)
