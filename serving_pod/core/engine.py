@@ -251,17 +251,15 @@ class Engine:
             if self.tracer.enabled else None
         )
         plan = None
-        try:
-            for tensor in request.inputs:
-                if tensor.parameters and "shared_memory_region" in tensor.parameters:
-                    self.shm.read_inputs(request)  # before validation: it gives the tensors their data
-                    break
-            if request.outputs:
-                plan = outputs.plan_outputs(request.outputs, self.shm)
-            model.validate(request)
-        except ServerError:
-            model.stats.record_failure(time.monotonic_ns() - request.arrival_ns, "REJECTED")
-            raise
+        # a request refused here never reaches the model's scheduler: as in tritonserver, no statistic counts it
+        # (nv_inference_request_failure stays as it was; "REJECTED" counts the scheduler's rejections)
+        for tensor in request.inputs:
+            if tensor.parameters and "shared_memory_region" in tensor.parameters:
+                self.shm.read_inputs(request)  # before validation: it gives the tensors their data
+                break
+        if request.outputs:
+            plan = outputs.plan_outputs(request.outputs, self.shm)
+        model.validate(request)
         if trace is not None:
             trace.stamp("QUEUE_START")
         request.model_version = model.version_str
