@@ -1,8 +1,9 @@
 """Turns a model directory into a complete, validated ``ModelConfig`` ready for instance creation.
 
 Order, as Triton: read config.pbtxt (or an override) -> resolve the backend -> backend auto-complete
-(unless ``--disable-auto-complete-config``) -> Triton's defaults (instance groups, dynamic batching
-for max_batch_size > 1) -> validation. Runs on a loader thread, never on the request path.
+(unless ``--disable-auto-complete-config``; dynamic batching for max_batch_size > 1 where the backend's
+auto-complete adds it) -> Triton's normalization (instance groups, version policy, optimization,
+default_model_filename, batcher defaults) -> validation. Runs on a loader thread, never on the request path.
 """
 
 from __future__ import annotations
@@ -47,15 +48,40 @@ def prepare_config(
             version_dir = model_dir / str(versions[-1])
             backend.auto_complete(config, model_dir, version_dir if version_dir.is_dir() else None)
             if (
-                config.max_batch_size > 1
+                backend_name not in _NO_DEFAULT_BATCHER
+                and config.max_batch_size > 1
                 and not config.HasField("dynamic_batching")
                 and not config.HasField("sequence_batching")
             ):
                 config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
+        if not config.default_model_filename:
+            config.default_model_filename = backend.default_model_filename()
     _default_instance_groups(config, backend_name, default_instance_kind)
+    _normalize(config)
     validate_config(config)
     return config, backend_name, versions
+
+
+#: backends whose Triton auto-complete leaves the scheduler alone: Triton's python backend never adds
+#: ``dynamic_batching`` (a python model batches only when its config asks for it).
+_NO_DEFAULT_BATCHER = frozenset({"python"})
+
+
+def _normalize(config: mc.ModelConfig) -> None:
+    """Triton core's NormalizeModelConfig defaults, so the served config reads as Triton's does
+    (Model Analyzer and perf_analyzer read these fields)."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1  # Triton: the latest version only
+    if config.platform == "ensemble":
+        return
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
+    if config.HasField("sequence_batching") and not config.sequence_batching.max_sequence_idle_microseconds:
+        config.sequence_batching.max_sequence_idle_microseconds = 1_000_000  # Triton's idle timeout: 1 s
 
 
 def backend_settings(backend_config: dict[str, dict[str, str]] | None, backend: str) -> dict[str, str]:

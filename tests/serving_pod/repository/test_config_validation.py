@@ -96,3 +96,72 @@ def test_specific_version_policy_naming_a_missing_folder(tmp_path):
 def test_parse_config_text_reports_the_line():
     with pytest.raises(ModelLoadError, match=r"'m'.*1:"):
         parse_config_text("max_batch_size: oops", "m")
+
+
+def test_triton_normalization_defaults_are_filled_as_triton_serves_them(tmp_path):
+    # Triton 2.51 serves these for any non-ensemble model whose config leaves them out.
+    model_dir = write_model(tmp_path, "m", test_model_config("m"))
+    config, _, _ = prepare_config("m", model_dir)
+    data = config_to_dict(config)
+    assert data["version_policy"] == {"latest": {"num_versions": 1}}
+    assert data["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert data["optimization"]["output_pinned_memory"] == {"enable": True}
+
+
+def test_normalization_keeps_what_the_config_sets(tmp_path):
+    extra = ('optimization { input_pinned_memory { enable: false } }\nversion_policy { all { } }\n'
+             'sequence_batching { max_sequence_idle_microseconds: 7 }')
+    model_dir = write_model(tmp_path, "m", test_model_config("m", extra=extra))
+    config, _, _ = prepare_config("m", model_dir)
+    assert config.optimization.input_pinned_memory.enable is False
+    assert config.version_policy.WhichOneof("policy_choice") == "all"
+    assert config.sequence_batching.max_sequence_idle_microseconds == 7
+
+
+def test_sequence_batching_idle_timeout_defaults_to_one_second(tmp_path):
+    model_dir = write_model(tmp_path, "m", test_model_config("m", extra="sequence_batching { }"))
+    config, _, _ = prepare_config("m", model_dir)
+    assert config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+
+
+PYTHON_IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        config.set_max_batch_size(8)
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_python_models_get_no_dynamic_batching_unless_asked(tmp_path):
+    # Triton's python backend never adds a scheduler, even when auto-complete sets max_batch_size 8.
+    model_dir = write_model(tmp_path, "py", 'backend: "python"\n', files={"1/model.py": PYTHON_IDENTITY})
+    config, backend, _ = prepare_config("py", model_dir)
+    assert backend == "python" and config.max_batch_size == 8
+    assert not config.HasField("dynamic_batching") and not config.HasField("sequence_batching")
+    assert config.default_model_filename == "model.py"
+
+
+def test_ensembles_get_the_version_policy_but_no_backend_defaults(tmp_path):
+    write_model(tmp_path, "step", test_model_config("step"))
+    model_dir = write_model(tmp_path, "ens", """
+name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "step" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+""")
+    config, _, _ = prepare_config("ens", model_dir)
+    assert config.version_policy.latest.num_versions == 1
+    assert not config.HasField("optimization") and config.default_model_filename == ""
