@@ -110,8 +110,8 @@ def _default_instance_groups(config: mc.ModelConfig, backend: str, default_kind:
     (``--default-instance-kind``), else GPU where the backend can use a visible GPU, else CPU."""
     if config.platform == "ensemble":
         return
-    if not config.instance_group:
-        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
+    if not config.instance_group:  # Triton names the group it adds after the model: its instance is <model>_0
+        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
     for index, group in enumerate(config.instance_group):
         if group.count == 0:
             group.count = 1

@@ -122,7 +122,7 @@ def test_misuse_fails_the_request_with_triton_message_and_the_server_keeps_servi
     for misuse, message in MISUSE.items():
         with pytest.raises(InferenceServerException) as failure:
             _infer(client, model, [7], misuse=misuse)
-        assert f"TritonModelException: {message.format(f'{model}_0_0')}" in str(failure.value)
+        assert f"TritonModelException: {message.format(f'{model}_0')}" in str(failure.value)
     assert _infer(client, model, [1, 2, 3]) == 5  # nothing the failed requests tried was counted
     _, families = _scrape(server)
     labels = (("model", model), ("version", "1"))

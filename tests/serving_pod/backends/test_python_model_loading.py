@@ -89,7 +89,7 @@ def test_a_model_loads_calls_and_unloads_another(threaded_server, tmp_path, isol
     with pytest.raises(InferenceServerException, match="'scale'"):
         client.infer("scale", [])  # gone for clients too
 
-    instance = "loader_0_0"
+    instance = "loader_0"
     _fails(client, f"Failed to load model: Failed to process the request for model '{instance}', message: "
                    "failed to load 'no_such_model', failed to poll from model repository", "load", "no_such_model")
     _fails(client, f"Failed to check model readiness: Failed to process the request for model '{instance}', "
@@ -109,7 +109,7 @@ def test_load_and_unload_are_refused_unless_model_control_is_explicit(threaded_s
     server = threaded_server([_repository(tmp_path, isolated=False, load_on_init=False)])  # mode "none"
     client = server.client("http")
     for verb, action in (("load", "load"), ("unload", "unload")):
-        _fails(client, f"Failed to {verb} model: Failed to process the request for model 'loader_0_0', message: "
+        _fails(client, f"Failed to {verb} model: Failed to process the request for model 'loader_0', message: "
                        "explicit model load / unload is not allowed if polling is enabled", action, "scale")
     assert _state(client, "scale") == "READY"
     assert _call(client, "infer", "scale", (2, 3)) == ([4, 6], True)

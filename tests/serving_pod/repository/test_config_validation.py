@@ -16,9 +16,10 @@ def test_parses_into_triton_model_config(tmp_path):
     assert backend == "ferry_test" and versions == [1]
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
     assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
-    # Triton's defaults: one CPU instance group named <model>_0
+    # Triton's defaults: one CPU instance group named after the model (its instance is <model>_0); a group the
+    # config writes without a name is <model>_<index>
     (group,) = config.instance_group
-    assert (group.name, group.count, group.kind) == ("m_0", 1, 2)
+    assert (group.name, group.count, group.kind) == ("m", 1, 2)
     data = config_to_dict(config)
     assert data["max_batch_size"] == 8 and isinstance(data["dynamic_batching"]["max_queue_delay_microseconds"], int)
 
