@@ -259,18 +259,25 @@ def _resources(r: specreader.Reader) -> Resources:
                             f"unknown resource: use {', '.join(STANDARD_RESOURCES)}, hugepages-<size> or <domain>/<name>")
     for name, value in requests.items():
         limit = limits.get(name)
-        extended = "/" in name and not name.startswith("kubernetes.io/")
-        if extended and limit is None:
+        if _extended(name) and limit is None:
             raise SpecError(f"{r.path}.limits.{name}", f"is required: {name} cannot be overcommitted (set it in limits)")
-        if limit is not None and specreader.quantity(value) > specreader.quantity(limit):  # type: ignore[operator]
+        if limit is None:
+            continue
+        asked, allowed = specreader.quantity(value), specreader.quantity(limit)
+        if asked > allowed:  # type: ignore[operator]
             raise SpecError(f"{r.path}.requests.{name}", f"must be <= limits.{name} ({value} > {limit})")
-        if extended and limit is not None and specreader.quantity(value) != specreader.quantity(limit):
+        if _extended(name) and asked != allowed:
             raise SpecError(f"{r.path}.requests.{name}", f"must equal limits.{name} ({value} != {limit}): it cannot be overcommitted")
     for name, value in limits.items():
         number = specreader.quantity(value)
-        if "/" in name and not name.startswith("kubernetes.io/") and number is not None and number != int(number):
+        if _extended(name) and number is not None and number != int(number):
             raise SpecError(f"{r.path}.limits.{name}", f"must be a whole number, got {value!r}")
     return Resources(requests, limits)
+
+
+def _extended(name: str) -> bool:
+    """An extended resource (``<domain>/<name>`` outside kubernetes.io, e.g. nvidia.com/gpu): whole, never overcommitted."""
+    return "/" in name and not name.startswith("kubernetes.io/")
 
 
 def _gpu(r: specreader.Reader) -> GpuSpec:

@@ -181,8 +181,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 cycle.message_event.set()
 
     def _reject(self, status: int, reason: bytes) -> None:
+        self._close_now(_error(status, reason))
+
+    def _close_now(self, response: bytes) -> None:
+        """Write ``response`` and close; the requests still being answered write nothing more."""
         self._abandon()
-        self.transport.write(_error(status, reason))
+        self.transport.write(response)
         self.transport.close()
 
     def _close_with(self, response: bytes) -> None:
@@ -199,9 +203,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._final = response
             self._disarm()
             return
-        self._abandon()
-        self.transport.write(response)
-        self.transport.close()
+        self._close_now(response)
 
 
 class BodyLimit:
