@@ -34,6 +34,7 @@ from serving_pod.core.errors import (
 from serving_pod.core.latency_metrics import LatencyMetricsSettings, LatencyRecorder, first_response_buckets
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
+from serving_pod.repository import instance_groups
 from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.repository.repository import ModelRepository, ModelSource
 from serving_pod.schedulers.factory import create_scheduler
@@ -356,26 +357,21 @@ class ModelRegistry:
         failure part-way leaves the caller the ones to close)."""
         settings = backend_settings(self.backend_config, backend_name)
         backend = get_backend(backend_name, settings)
-        for group in config.instance_group:
-            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            devices = list(group.gpus) or [0]
-            for device in devices if kind == "KIND_GPU" else [0]:
-                for index in range(group.count):
-                    instance_name = f"{group.name}_{index}" if kind != "KIND_GPU" else f"{group.name}_{device}_{index}"
-                    context = InstanceContext(
-                        model_name=name,
-                        model_version=str(version),
-                        model_dir=model_dir,
-                        version_dir=model_dir / str(version),
-                        config=config,
-                        name=instance_name,
-                        kind=kind,
-                        device_id=device,
-                        backend_config=settings,
-                        engine=self.engine,
-                    )
-                    instances.append(backend.create_instance(context))
-                    names.append(instance_name)
+        for instance_name, kind, device, _ in instance_groups.placements(config):
+            context = InstanceContext(
+                model_name=name,
+                model_version=str(version),
+                model_dir=model_dir,
+                version_dir=model_dir / str(version),
+                config=config,
+                name=instance_name,
+                kind=kind,
+                device_id=device,
+                backend_config=settings,
+                engine=self.engine,
+            )
+            instances.append(backend.create_instance(context))
+            names.append(instance_name)
         warm_up(config, model_dir, str(version), instances, names)
 
     def _assemble(

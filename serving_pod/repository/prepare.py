@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.backends.registry import get_backend
 from serving_pod.core.errors import ModelLoadError
+from serving_pod.repository import instance_groups
 from serving_pod.repository.config import load_config, parse_config_json, resolve_backend
 from serving_pod.repository.validation import select_versions, validate_config
 
@@ -57,7 +58,7 @@ def prepare_config(
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename()
-    _default_instance_groups(config, backend_name, default_instance_kind)
+    _complete_instance_groups(config, backend_name, default_instance_kind)
     _normalize(config)
     validate_config(config)
     return config, backend_name, versions
@@ -105,46 +106,20 @@ def _check_model_files(
             )
 
 
-def _default_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str = "KIND_AUTO") -> None:
-    """Triton's defaults: one group of one instance; KIND_AUTO becomes ``default_kind`` when that is set
-    (``--default-instance-kind``), else GPU where the backend can use a visible GPU, else CPU."""
+def _complete_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str) -> None:
+    """Triton's instance group normalization and checks (:mod:`serving_pod.repository.instance_groups`)."""
     if config.platform == "ensemble":
         return
-    if not config.instance_group:  # Triton names the group it adds after the model: its instance is <model>_0
-        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
-    for index, group in enumerate(config.instance_group):
-        if group.count == 0:
-            group.count = 1
-        if not group.name:
-            group.name = f"{config.name}_{index}"
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO and default_kind != "KIND_AUTO":
-            group.kind = mc.ModelInstanceGroup.Kind.Value(default_kind)
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = (
-                mc.ModelInstanceGroup.KIND_GPU
-                if _backend_uses_gpu(backend)
-                else mc.ModelInstanceGroup.KIND_CPU
-            )
+    gpus = instance_groups.visible_gpus()
+    instance_groups.complete(config, default_kind=default_kind, gpus=gpus,
+                             gpu_capable=bool(gpus) and _backend_can_use_gpu(backend))
+    instance_groups.check(config, gpus)
 
 
-def _backend_uses_gpu(backend: str) -> bool:
-    if backend == "tensorrt":
-        return True  # TensorRT plans only run on a GPU
-    if backend != "onnxruntime" or visible_gpu_count() == 0:
-        return False
+def _backend_can_use_gpu(backend: str) -> bool:
+    """Every backend places instances on GPUs as Triton's do, except an onnxruntime without CUDA."""
+    if backend != "onnxruntime":
+        return True
     import onnxruntime
 
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-def visible_gpu_count() -> int:
-    """GPUs NVML can see (0 without nvidia-ml-py or a driver)."""
-    try:
-        import pynvml
-    except ImportError:
-        return 0
-    try:
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError:
-        return 0

@@ -233,19 +233,16 @@ class RateLimitedPool:
 
 def demands_of(config: Any) -> list[tuple[str, Demand]]:
     """(instance name, Demand) per instance, in the order the registry creates instances."""
-    from tritonclient.grpc import model_config_pb2 as mc
+    from serving_pod.repository.instance_groups import placements
 
     result: list[tuple[str, Demand]] = []
-    for group in config.instance_group:
-        gpu = group.kind == mc.ModelInstanceGroup.KIND_GPU
+    for name, _, device, group in placements(config):
         limits = group.rate_limiter
-        for device in (list(group.gpus) or [0]) if gpu else [0]:
-            needs = tuple(
-                (("global" if getattr(resource, "global") else device, resource.name), resource.count)
-                for resource in limits.resources
-            )
-            for index in range(group.count):
-                result.append((f"{group.name}_{index}", Demand(needs, max(1, limits.priority))))
+        needs = tuple(
+            (("global" if getattr(resource, "global") else device, resource.name), resource.count)
+            for resource in limits.resources
+        )
+        result.append((name, Demand(needs, max(1, limits.priority))))
     return result
 
 

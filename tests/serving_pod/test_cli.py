@@ -77,6 +77,8 @@ def test_flags_parse_like_tritonserver():
 
 
 def test_default_instance_kind_flag_and_operator_env(monkeypatch, tmp_path):
+    from serving_pod.core.errors import ModelLoadError
+    from serving_pod.repository.instance_groups import visible_gpus
     from serving_pod.repository.prepare import prepare_config
     from support.server import test_model_config, write_model
 
@@ -84,8 +86,10 @@ def test_default_instance_kind_flag_and_operator_env(monkeypatch, tmp_path):
     monkeypatch.setenv("FERRY_INSTANCE_KIND", "KIND_GPU")  # what the operator sets on GPU pods
     assert options_from_args(build_parser().parse_args([])).engine.default_instance_kind == "KIND_GPU"
     model_dir = write_model(tmp_path, "m", test_model_config("m"))
-    config, _, _ = prepare_config("m", model_dir, default_instance_kind="KIND_GPU")
-    assert config.instance_group[0].kind == 1  # KIND_GPU
+    if visible_gpus():
+        pytest.skip("a GPU is visible here; tests/serving_pod/repository/test_instance_groups.py covers this host")
+    with pytest.raises(ModelLoadError, match="instance group m of model m has kind KIND_GPU but no GPUs are available"):
+        prepare_config("m", model_dir, default_instance_kind="KIND_GPU")  # as Triton refuses KIND_GPU with no GPU
     config, _, _ = prepare_config("m", model_dir)
     assert config.instance_group[0].kind == 2  # KIND_CPU: no GPU visible here
 

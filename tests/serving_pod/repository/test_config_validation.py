@@ -6,6 +6,7 @@ import pytest
 
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.repository.config import config_to_dict, parse_config_text
+from serving_pod.repository.instance_groups import visible_gpus
 from serving_pod.repository.prepare import prepare_config
 from support.server import test_model_config, write_model
 
@@ -16,10 +17,11 @@ def test_parses_into_triton_model_config(tmp_path):
     assert backend == "ferry_test" and versions == [1]
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
     assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
-    # Triton's defaults: one CPU instance group named after the model (its instance is <model>_0); a group the
-    # config writes without a name is <model>_<index>
+    # Triton's defaults: one instance group named after the model (its instance is <model>_0), KIND_CPU where
+    # no GPU is visible and KIND_GPU on every visible GPU otherwise (tests/serving_pod/repository/test_instance_groups.py)
     (group,) = config.instance_group
-    assert (group.name, group.count, group.kind) == ("m", 1, 2)
+    gpus = visible_gpus()
+    assert (group.name, group.count, group.kind, list(group.gpus)) == ("m", 1, 1 if gpus else 2, gpus)
     data = config_to_dict(config)
     assert data["max_batch_size"] == 8 and isinstance(data["dynamic_batching"]["max_queue_delay_microseconds"], int)
 

@@ -1,0 +1,106 @@
+"""Instance groups as Triton's core completes and checks them: kinds, GPU ids and instance names.
+
+* ``complete`` (Triton's NormalizeInstanceGroup): one group of one instance named after the model where
+  the config has none, ``<model>_<i>`` for a group without a name, KIND_AUTO resolved, and every visible
+  GPU for a KIND_GPU group that lists none. KIND_AUTO becomes ``--default-instance-kind`` when that is
+  set; otherwise KIND_GPU where GPUs are visible (and every GPU the group lists is one of them), else
+  KIND_CPU. One difference from Triton, where every onnxruntime build has CUDA: an onnxruntime without the
+  CUDA execution provider resolves KIND_AUTO to KIND_CPU.
+* ``check`` (Triton's ValidateInstanceGroup): GPUs only in KIND_GPU groups, at least one there, and only
+  GPUs that are visible; each refusal is Triton's message.
+* ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
+  a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
+
+The visible GPUs are NVML's, as many as ``CUDA_VISIBLE_DEVICES`` lets CUDA see where it is set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving_pod.core.errors import ModelLoadError
+
+#: Triton's default ``--min-supported-compute-capability``, as its refusal prints it (std::to_string)
+MIN_COMPUTE_CAPABILITY = "6.000000"
+
+
+def visible_gpus() -> list[int]:
+    """CUDA device ids this process can use: NVML's GPUs, limited by ``CUDA_VISIBLE_DEVICES``."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+        count = int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return []
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None:
+        count = min(count, _cuda_visible_count(mask))
+    return list(range(count))
+
+
+def _cuda_visible_count(mask: str) -> int:
+    """How many devices CUDA enumerates under ``mask``: it reads the list up to the first invalid entry."""
+    count = 0
+    for entry in (part.strip() for part in mask.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
+def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], gpu_capable: bool) -> None:
+    """Fill in the config's instance groups in place (``gpu_capable``: the backend can run on a GPU)."""
+    if not config.instance_group:
+        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.count == 0:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO and default_kind != "KIND_AUTO":
+            group.kind = mc.ModelInstanceGroup.Kind.Value(default_kind)
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            on_gpu = bool(gpus) and all(gpu in gpus for gpu in group.gpus)
+            if on_gpu and not gpu_capable:
+                del group.gpus[:]  # Ferry's difference: this onnxruntime cannot use the GPUs the group names
+                on_gpu = False
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            group.gpus.extend(gpus)
+
+
+def check(config: mc.ModelConfig, gpus: Sequence[int]) -> None:
+    """ModelLoadError with Triton's message for a group whose GPUs do not fit its kind or this machine."""
+    for group in config.instance_group:
+        where = f"instance group {group.name} of model {config.name}"
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind != "KIND_GPU":
+            if group.gpus:
+                raise ModelLoadError(f"{where} has kind {kind} but specifies one or more GPUs")
+            continue
+        if not group.gpus:
+            raise ModelLoadError(f"{where} has kind KIND_GPU but no GPUs are available")
+        for gpu in group.gpus:
+            if gpu not in gpus:
+                raise ModelLoadError(
+                    f"{where} specifies invalid or unsupported gpu id {gpu}. GPUs with at least the minimum "
+                    f"required CUDA compute compatibility of {MIN_COMPUTE_CAPABILITY} are: "
+                    + ", ".join(str(g) for g in gpus)
+                )
+
+
+def placements(config: mc.ModelConfig) -> list[tuple[str, str, int, mc.ModelInstanceGroup]]:
+    """``(instance name, kind name, device id, group)`` per instance, in the order Triton creates them."""
+    result = []
+    for group in config.instance_group:
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        devices = list(group.gpus) if kind == "KIND_GPU" else [0]
+        for index in range(group.count):
+            result.extend((f"{group.name}_{index}", kind, device, group) for device in devices)
+    return result
