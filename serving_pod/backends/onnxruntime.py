@@ -61,13 +61,18 @@ class OnnxRuntimeBackend:
         config = context.config
         options, run_options = sessions.session_options(config, {**self.backend_config, **context.backend_config})
         providers = sessions.execution_providers(context, sessions.load_onnxruntime().get_available_providers())
+        if context.kind == "KIND_GPU":
+            sessions.preload_cuda_libraries()
         path = sessions.model_path(config, context.version_dir)
         session = sessions.open_session(path, options, providers, context.model_name)
-        if context.kind == "KIND_GPU" and "CUDAExecutionProvider" not in session.get_providers():
-            raise ModelLoadError(
-                f"model '{context.model_name}': onnxruntime could not start CUDA for instance "
-                f"'{context.name}' on GPU {context.device_id} (session providers: {session.get_providers()})"
-            )
+        started = session.get_providers()
+        for provider in (p[0] if isinstance(p, tuple) else p for p in providers):
+            if provider not in started:  # onnxruntime falls back to the next provider with only a log line
+                raise ModelLoadError(
+                    f"model '{context.model_name}': onnxruntime could not start {provider} for instance "
+                    f"'{context.name}'" + (f" on GPU {context.device_id}" if context.kind == "KIND_GPU" else "")
+                    + f" (session providers: {', '.join(started)}; the server log has onnxruntime's reason)"
+                )
         inputs, outputs = sessions.graph_of(session)
         signature.check_against_graph(config, inputs, outputs)
         plan = build_plan(context, inputs, outputs, input_steps=_input_steps, output_steps=_output_steps)

@@ -25,6 +25,8 @@ Semantics follow Triton's onnxruntime backend:
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import os
 from pathlib import Path
@@ -53,6 +55,7 @@ ORT_TO_CONFIG: dict[str, str] = {
     "tensor(bfloat16)": "TYPE_BF16",
     "tensor(string)": "TYPE_STRING",
 }
+log = logging.getLogger(__name__)
 _GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
 _CUDA_LEGACY_PARAMS = ("cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_strategy", "do_copy_in_default_stream")
 _TRT_KEYS = {
@@ -68,6 +71,20 @@ def load_onnxruntime() -> Any:
     import onnxruntime  # heavy: only when a model is loaded
 
     return onnxruntime
+
+
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the ``nvidia-*`` wheels where they are installed (onnxruntime >= 1.21):
+    onnxruntime-gpu from pip finds them no other way on a machine without a system CUDA toolkit, and would
+    fall back to the CPU. Where they are missing (a CUDA image), the system's libraries are found as usual."""
+    preload = getattr(load_onnxruntime(), "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload(cuda=True, cudnn=True, msvc=False)
+    except Exception as exc:  # a missing wheel or library: onnxruntime's own search follows
+        log.info("onnxruntime.preload_dlls found no CUDA wheels (%s); using the system's CUDA libraries", exc)
 
 
 def tensor_infos(nodes: Any, optional: bool = False) -> dict[str, TensorInfo]:
