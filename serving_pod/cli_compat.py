@@ -94,7 +94,6 @@ NO_EFFECT: dict[str, tuple[Callable[[str], Any], bool, str]] = {
     "--cuda-memory-pool-byte-size": (_device_value(int), True,
                                      "onnxruntime and TensorRT allocate GPU memory themselves"),
     "--cuda-virtual-address-size": (_device_value(int), True, "Ferry reserves no CUDA virtual address space"),
-    "--min-supported-compute-capability": (number(float), False, "GPUs are left to onnxruntime and TensorRT"),
     "--enable-peer-access": (parse_bool, False, "Ferry copies no tensors between GPUs"),
     "--model-load-gpu-limit": (_device_value(float), True, "Ferry does not meter GPU memory while loading"),
     "--host-policy": (_host_policy, True, "Ferry does not bind models to NUMA nodes"),
@@ -126,6 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP headers whose name (as sent) matches this regular expression become request parameters")
     add("--grpc-header-forward-pattern", type=_regex, default="",
         help="gRPC metadata whose name matches this regular expression becomes request parameters")
+    add("--min-supported-compute-capability", type=number(float), default=6.0,
+        help="GPUs of a lower CUDA compute capability are not used for KIND_GPU / KIND_AUTO instances (default 6.0)")
     add("--model-load-retry-count", type=number(int), default=0,
         help="further attempts at creating a model version's instances when one fails (default 0)")
     add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",
@@ -159,7 +160,8 @@ def apply(
     notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
              if getattr(args, _dest(flag)) not in (None, [])]
     engine = {"model_config_name": args.model_config_name or "", "latency_metrics": latency_metrics,
-              "model_load_retry_count": args.model_load_retry_count}
+              "model_load_retry_count": args.model_load_retry_count,
+              "min_compute_capability": args.min_supported_compute_capability}
     server = {"reuse_http_port": args.reuse_http_port, "reuse_grpc_port": args.reuse_grpc_port,
               "http_header_forward": args.http_header_forward_pattern,
               "grpc_header_forward": args.grpc_header_forward_pattern}

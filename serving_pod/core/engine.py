@@ -68,6 +68,8 @@ class EngineOptions:
     autocomplete: bool = True
     #: the kind of instance groups that say KIND_AUTO (or no group at all): KIND_AUTO, KIND_CPU, KIND_GPU
     default_instance_kind: str = "KIND_AUTO"
+    #: ``--min-supported-compute-capability``: GPUs below it are not visible to instance groups
+    min_compute_capability: float = 6.0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     server_id: str = "triton"
     #: ``--cache-config <cache>,<key>=<value>`` settings by cache name (only "local": size=<bytes>)
@@ -118,6 +120,7 @@ class Engine:
             backend_config=options.backend_config,
             engine=self,
             default_instance_kind=options.default_instance_kind,
+            min_compute_capability=options.min_compute_capability,
             config_name=options.model_config_name,
             latency_metrics=options.latency_metrics,
             load_retry_count=options.model_load_retry_count,

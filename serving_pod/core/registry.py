@@ -111,6 +111,7 @@ class ModelRegistry:
         backend_config: dict[str, dict[str, str]] | None = None,
         engine: Any = None,
         default_instance_kind: str = "KIND_AUTO",
+        min_compute_capability: float = instance_groups.MIN_COMPUTE_CAPABILITY,
         config_name: str = "",
         latency_metrics: LatencyMetricsSettings | None = None,
         load_retry_count: int = 0,
@@ -125,6 +126,7 @@ class ModelRegistry:
         self.autocomplete = autocomplete
         self.backend_config = backend_config or {}
         self.default_instance_kind = default_instance_kind
+        self.min_compute_capability = min_compute_capability
         self.engine = engine
         self.entries: dict[str, ModelEntry] = {}
         self.on_change: list[Callable[[], None]] = []
@@ -324,6 +326,7 @@ class ModelRegistry:
             override_json=config_override,
             backend_config=self.backend_config,
             default_instance_kind=self.default_instance_kind,
+            min_compute_capability=self.min_compute_capability,
             config_name=self.config_name,
         )
         built: list[tuple[mc.ModelConfig, int, Any]] = []

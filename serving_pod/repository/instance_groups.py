@@ -11,47 +11,79 @@
 * ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
   a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
 
-The visible GPUs are NVML's, as many as ``CUDA_VISIBLE_DEVICES`` lets CUDA see where it is set.
+The visible GPUs are those CUDA enumerates (NVML's, through ``CUDA_VISIBLE_DEVICES`` where it is set) of at
+least ``--min-supported-compute-capability`` (default 6.0, as Triton's).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
 
-#: Triton's default ``--min-supported-compute-capability``, as its refusal prints it (std::to_string)
-MIN_COMPUTE_CAPABILITY = "6.000000"
+#: Triton's default ``--min-supported-compute-capability``
+MIN_COMPUTE_CAPABILITY = 6.0
 
 
-def visible_gpus() -> list[int]:
-    """CUDA device ids this process can use: NVML's GPUs, limited by ``CUDA_VISIBLE_DEVICES``."""
+def visible_gpus(min_capability: float = MIN_COMPUTE_CAPABILITY) -> list[int]:
+    """CUDA device ids this process may place instances on, as Triton's GetSupportedGPUs finds them: the
+    devices CUDA enumerates (NVML's GPUs, through ``CUDA_VISIBLE_DEVICES`` where it is set) whose compute
+    capability is at least ``min_capability``."""
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
         return []
     try:
         pynvml.nvmlInit()
-        count = int(pynvml.nvmlDeviceGetCount())
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
     except pynvml.NVMLError:
         return []
     mask = os.environ.get("CUDA_VISIBLE_DEVICES")
     if mask is not None:
-        count = min(count, _cuda_visible_count(mask))
-    return list(range(count))
+        handles = _masked(pynvml, handles, mask)
+    return [cuda_id for cuda_id, handle in enumerate(handles) if _capability(pynvml, handle) >= min_capability]
 
 
-def _cuda_visible_count(mask: str) -> int:
-    """How many devices CUDA enumerates under ``mask``: it reads the list up to the first invalid entry."""
-    count = 0
-    for entry in (part.strip() for part in mask.split(",")):
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+def _masked(pynvml: Any, handles: list[Any], mask: str) -> list[Any]:
+    """The devices CUDA enumerates under ``mask``: the listed ones, up to the first that is not here."""
+    chosen = []
+    for entry in mask_entries(mask):
+        try:
+            if isinstance(entry, int):
+                if entry >= len(handles):
+                    break
+                chosen.append(handles[entry])
+            else:
+                chosen.append(pynvml.nvmlDeviceGetHandleByUUID(entry))
+        except pynvml.NVMLError:  # a UUID that is not here (or an abbreviated one NVML cannot resolve)
             break
-        count += 1
-    return count
+    return chosen
+
+
+def mask_entries(mask: str) -> list[int | str]:
+    """``CUDA_VISIBLE_DEVICES`` as CUDA reads it: indices and GPU-/MIG- UUIDs, up to the first invalid entry."""
+    entries: list[int | str] = []
+    for entry in (part.strip() for part in mask.split(",")):
+        if entry.isdigit():
+            entries.append(int(entry))
+        elif entry.startswith(("GPU-", "MIG-")):
+            entries.append(entry)
+        else:
+            break
+    return entries
+
+
+def _capability(pynvml: Any, handle: Any) -> float:
+    """``major.minor`` as Triton compares it; a device NVML cannot answer for (a MIG slice) counts as supported."""
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except pynvml.NVMLError:
+        return float("inf")
+    return major + minor / 10
 
 
 def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], gpu_capable: bool) -> None:
@@ -75,7 +107,7 @@ def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], 
             group.gpus.extend(gpus)
 
 
-def check(config: mc.ModelConfig, gpus: Sequence[int]) -> None:
+def check(config: mc.ModelConfig, gpus: Sequence[int], min_capability: float = MIN_COMPUTE_CAPABILITY) -> None:
     """ModelLoadError with Triton's message for a group whose GPUs do not fit its kind or this machine."""
     for group in config.instance_group:
         where = f"instance group {group.name} of model {config.name}"
@@ -90,7 +122,7 @@ def check(config: mc.ModelConfig, gpus: Sequence[int]) -> None:
             if gpu not in gpus:
                 raise ModelLoadError(
                     f"{where} specifies invalid or unsupported gpu id {gpu}. GPUs with at least the minimum "
-                    f"required CUDA compute compatibility of {MIN_COMPUTE_CAPABILITY} are: "
+                    f"required CUDA compute compatibility of {min_capability:.6f} are: "
                     + ", ".join(str(g) for g in gpus)
                 )
 

@@ -27,6 +27,7 @@ def prepare_config(
     override_json: str | None = None,
     backend_config: dict[str, dict[str, str]] | None = None,
     default_instance_kind: str = "KIND_AUTO",
+    min_compute_capability: float = instance_groups.MIN_COMPUTE_CAPABILITY,
     config_name: str = "",
 ) -> tuple[mc.ModelConfig, str, list[int]]:
     """The completed config, its backend name and the versions to load (``config_name``: ``--model-config-name``)."""
@@ -58,7 +59,7 @@ def prepare_config(
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename()
-    _complete_instance_groups(config, backend_name, default_instance_kind)
+    _complete_instance_groups(config, backend_name, default_instance_kind, min_compute_capability)
     _normalize(config)
     validate_config(config)
     return config, backend_name, versions
@@ -106,14 +107,14 @@ def _check_model_files(
             )
 
 
-def _complete_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str) -> None:
+def _complete_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str, min_capability: float) -> None:
     """Triton's instance group normalization and checks (:mod:`serving_pod.repository.instance_groups`)."""
     if config.platform == "ensemble":
         return
-    gpus = instance_groups.visible_gpus()
+    gpus = instance_groups.visible_gpus(min_capability)
     instance_groups.complete(config, default_kind=default_kind, gpus=gpus,
                              gpu_capable=bool(gpus) and _backend_can_use_gpu(backend))
-    instance_groups.check(config, gpus)
+    instance_groups.check(config, gpus, min_capability)
 
 
 def _backend_can_use_gpu(backend: str) -> bool:

@@ -91,11 +91,19 @@ def test_placements_are_tritons_names_and_order() -> None:
         ("c_0", "KIND_CPU", 0)]
 
 
-@pytest.mark.parametrize("mask, count", [("0,1", 2), ("", 0), ("1,x,2", 1), ("GPU-3f2a,MIG-7c1d", 2), ("-1", 0),
-                                         (" 0 , 1 ", 2)])
-def test_cuda_visible_devices_is_read_as_cuda_reads_it(mask: str, count: int) -> None:
+@pytest.mark.parametrize("mask, entries", [("0,1", [0, 1]), ("", []), ("1,x,2", [1]), ("GPU-3f2a,MIG-7c1d", ["GPU-3f2a", "MIG-7c1d"]),
+                                           ("-1", []), (" 0 , 1 ", [0, 1])])
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(mask: str, entries: list[int | str]) -> None:
     """CUDA enumerates the listed devices up to the first entry that is not an index or a GPU-/MIG- UUID."""
-    assert instance_groups._cuda_visible_count(mask) == count
+    assert instance_groups.mask_entries(mask) == entries
+
+
+def test_min_supported_compute_capability_reaches_the_engine() -> None:
+    from support.cli import cli_options
+
+    assert cli_options().engine.min_compute_capability == 6.0
+    options = cli_options("--min-supported-compute-capability=8.9")
+    assert options.engine.min_compute_capability == 8.9 and options.ignored_flags == ()
 
 
 @pytest.mark.parametrize("groups, message", [
@@ -173,7 +181,7 @@ def test_on_a_gpu_kind_auto_is_kind_gpu_on_every_gpu_and_the_model_is_told(threa
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_an_id_that_is_not_there_is_refused_and_cuda_visible_devices_hides_gpus(tmp_path: Path,
+def test_on_a_gpu_an_id_that_is_not_there_is_refused_and_cuda_visible_devices_and_capability_limit_gpus(tmp_path: Path,
                                                                                        monkeypatch: Any) -> None:
     gpus = _gpus_or_skip(True)
     model_dir = write_model(tmp_path, "m", _python_config("m", f"instance_group [ {{ kind: KIND_GPU gpus: [ {len(gpus)} ] }} ]"),
@@ -188,6 +196,21 @@ def test_on_a_gpu_an_id_that_is_not_there_is_refused_and_cuda_visible_devices_hi
     assert _groups(prepare_config("a", auto)[0]) == [("a", "KIND_CPU", [], 1)]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert _groups(prepare_config("a", auto)[0]) == [("a", "KIND_GPU", [0], 1)]
+    import pynvml
+
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(len(gpus) - 1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{uuid.decode() if isinstance(uuid, bytes) else uuid},junk,0")
+    assert _groups(prepare_config("a", auto)[0]) == [("a", "KIND_GPU", [0], 1)]  # the last GPU is CUDA's device 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # --min-supported-compute-capability: GPUs below it are not there for instance groups
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+    assert 0 in instance_groups.visible_gpus(major + minor / 10) and instance_groups.visible_gpus(99.0) == []
+    assert _groups(prepare_config("a", auto, min_compute_capability=99.0)[0]) == [("a", "KIND_CPU", [], 1)]
+    gpu0 = write_model(tmp_path, "g", _python_config("g", "instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"),
+                       {"1/model.py": ARGS_MODEL})
+    with pytest.raises(ModelLoadError, match=r"gpu id 0\. GPUs with at least the minimum required CUDA compute "
+                                             r"compatibility of 99\.000000 are: $"):
+        prepare_config("g", gpu0, min_compute_capability=99.0)
 
 
 @pytest.mark.gpu
