@@ -7,6 +7,7 @@ and ``test_model_config`` build small repositories under ``tmp_path``.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import socket
 import subprocess
@@ -224,3 +225,19 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def assert_load_refused(server: ServerHandle, protocol: str, refused: str, message: str, loads: str) -> None:
+    """Explicit model control over ``protocol``: loading ``refused`` fails with ``message`` (a regex), then
+    ``loads`` still loads and is ready while ``refused`` is not (the server goes on)."""
+    from tritonclient.utils import InferenceServerException
+
+    client = server.client(protocol)
+    try:
+        client.load_model(refused)
+    except InferenceServerException as exc:
+        assert re.search(message, str(exc)), str(exc)
+    else:
+        raise AssertionError(f"loading '{refused}' succeeded; expected a refusal matching {message!r}")
+    client.load_model(loads)
+    assert client.is_model_ready(loads) and not client.is_model_ready(refused)

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException
 
 from serving_pod.repository.instance_groups import visible_gpus
+from support.server import assert_load_refused
 
 pytestmark = pytest.mark.gpu
 PROTOCOLS = ["http", "grpc"]
@@ -89,9 +89,5 @@ def test_a_tensorrt_accelerator_without_tensorrt_is_a_load_error_and_the_server_
         pytest.skip("TensorRT's libraries are present here")
     _mlp(tmp_path, "trt", f"instance_group [ {{ kind: KIND_GPU }} ]\n{TENSORRT}")
     _mlp(tmp_path, "cuda", "instance_group [ { kind: KIND_GPU } ]")
-    server = threaded_server([tmp_path], model_control_mode="explicit")
-    client = server.client(protocol)
-    with pytest.raises(InferenceServerException, match="TensorrtExecutionProvider"):
-        client.load_model("trt")
-    client.load_model("cuda")
-    assert client.is_model_ready("cuda") and not client.is_model_ready("trt")
+    assert_load_refused(threaded_server([tmp_path], model_control_mode="explicit"), protocol,
+                        "trt", "could not start TensorrtExecutionProvider", loads="cuda")

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.utils import InferenceServerException
 
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.repository import instance_groups
 from serving_pod.repository.prepare import prepare_config
-from support.server import test_model_config, write_model
+from support.server import assert_load_refused, test_model_config, write_model
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -149,12 +148,8 @@ def test_a_kind_gpu_model_fails_to_load_and_the_server_goes_on(threaded_server: 
     _gpus_or_skip(False)
     write_model(tmp_path, "gpu", test_model_config("gpu", extra="instance_group [ { kind: KIND_GPU } ]"))
     write_model(tmp_path, "cpu", test_model_config("cpu"))
-    server = threaded_server([tmp_path], model_control_mode="explicit")
-    client = server.client(protocol)
-    with pytest.raises(InferenceServerException, match="instance group gpu_0 of model gpu has kind KIND_GPU but no GPUs are available"):
-        client.load_model("gpu")
-    client.load_model("cpu")
-    assert client.is_model_ready("cpu") and not client.is_model_ready("gpu")
+    assert_load_refused(threaded_server([tmp_path], model_control_mode="explicit"), protocol, "gpu",
+                        "instance group gpu_0 of model gpu has kind KIND_GPU but no GPUs are available", loads="cpu")
 
 
 # --------------------------------------------------------------------------- on a GPU
