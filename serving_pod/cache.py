@@ -17,6 +17,9 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
   with a warning, and is not cached. (A decoupled composing model is refused by the ensemble loader.)
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no
   queue or compute time; every miss adds lookup plus insert time to ``cache_miss``.
+- Server-wide totals as Triton's local cache keeps them (``hits``, ``misses``, ``lookups``,
+  ``evictions``, ``lookup_ns``, ``insert_ns``, ``utilization()``): plain attributes bumped inside
+  ``lookup`` and ``insert``, read by ``metrics`` at scrape time as the ``nv_cache_*`` gauges.
 
 Runs on the event loop thread only, so no locks.
 """
@@ -97,25 +100,55 @@ def request_key(request: InferRequest) -> bytes:
 
 
 class ResponseCache:
-    """LRU of response output tensors, bounded by bytes."""
+    """LRU of response output tensors, bounded by bytes, with Triton's local-cache totals since it was made.
+
+    As in Triton's local cache, every lookup is a hit or a miss and is timed (``lookup_ns``); every
+    insert is timed (``insert_ns``), those that store nothing (an entry larger than the cache, a key
+    already stored) included; ``evictions`` counts the entries pushed out to make room.
+    """
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity = capacity_bytes
         self.used = 0
         self._entries: OrderedDict[bytes, tuple[tuple[Tensor, ...], int]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.lookup_ns = 0
+        self.insert_ns = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
+    def utilization(self) -> float:
+        """Fraction of the capacity in use, in [0.0, 1.0] (``nv_cache_util``)."""
+        return self.used / self.capacity if self.capacity else 0.0
+
     def lookup(self, key: bytes) -> tuple[Tensor, ...] | None:
+        start = time.monotonic_ns()
         entry = self._entries.get(key)
         if entry is None:
+            self.misses += 1
+            self.lookup_ns += time.monotonic_ns() - start
             return None
         self._entries.move_to_end(key)
+        self.hits += 1
+        self.lookup_ns += time.monotonic_ns() - start
         return entry[0]
 
     def insert(self, key: bytes, outputs: list[Tensor]) -> bool:
         """Store ``outputs`` under ``key`` (evicting least recently used); False if it cannot fit."""
+        start = time.monotonic_ns()
+        try:
+            return self._store(key, outputs)
+        finally:
+            self.insert_ns += time.monotonic_ns() - start
+
+    def _store(self, key: bytes, outputs: list[Tensor]) -> bool:
         if key in self._entries:
             self._entries.move_to_end(key)
             return True
@@ -127,6 +160,7 @@ class ResponseCache:
         while self.used + size > self.capacity:
             _, (_, evicted) = self._entries.popitem(last=False)
             self.used -= evicted
+            self.evictions += 1
         self._entries[key] = (tuple(outputs), size)
         self.used += size
         return True

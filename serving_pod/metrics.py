@@ -3,7 +3,9 @@
 A custom collector on its own ``CollectorRegistry`` (built in the composition root): nothing is
 updated on the request path, so metrics cost nothing per request and always agree with the
 statistics extension. CPU metrics come from psutil; GPU metrics from nvidia-ml-py (NVML) when a
-GPU is present, else they are absent and the reason is logged once. The metric families models
+GPU is present, else they are absent and the reason is logged once. The response cache's
+server-wide families (``nv_cache_util`` ...) come from ``cache.ResponseCache``'s totals when
+``--cache-config`` made a cache. The metric families models
 register (python ``pb_utils.MetricFamily``, kept in ``core.custom_metrics``) follow the ``nv_*``
 ones, under the names, help texts, kinds and labels the models gave.
 """
@@ -16,6 +18,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from serving_pod.cache import cache_for
 from serving_pod.core.custom_metrics import COUNTER, GAUGE, HISTOGRAM
 from serving_pod.core.latency_metrics import (
     FIRST_RESPONSE_HELP, FIRST_RESPONSE_HISTOGRAM, SUMMARY_FAMILIES, WindowSummary,
@@ -46,6 +49,7 @@ class InferenceCollector:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
+        # Triton's order: prometheus-cpp prints every counter family before the gauges (pending, load)
         families: dict[str, Any] = {  # CounterFamily and GaugeMetricFamily: both take add_metric(labels, value)
             "success": CounterFamily("nv_inference_request_success", "Number of successful inference requests, all batch sizes", labels=_LABELS),
             "failure": CounterFamily("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", labels=_LABELS + ["reason"]),
@@ -56,12 +60,12 @@ class InferenceCollector:
             "input_us": CounterFamily("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", labels=_LABELS),
             "infer_us": CounterFamily("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", labels=_LABELS),
             "output_us": CounterFamily("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=_LABELS),
+            "cache_hits": CounterFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=_LABELS),
+            "cache_hit_us": CounterFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=_LABELS),
+            "cache_misses": CounterFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=_LABELS),
+            "cache_miss_us": CounterFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds", labels=_LABELS),
             "pending": GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.", labels=_LABELS),
             "load": GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=_LABELS),
-            "cache_hits": CounterFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=_LABELS),
-            "cache_misses": CounterFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=_LABELS),
-            "cache_hit_us": CounterFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=_LABELS),
-            "cache_miss_us": CounterFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds", labels=_LABELS),
         }
         settings = self.engine.options.latency_metrics
         if not settings.counter_latencies:  # Triton then creates neither the latency nor the cache counters
@@ -127,6 +131,32 @@ def _add_histogram(metric: Metric, labels: dict[str, str], count: int, total: fl
     metric.add_sample(f"{metric.name}_sum", labels, total)
     for bound, running in buckets:
         metric.add_sample(f"{metric.name}_bucket", {**labels, "le": _number(bound)}, running)
+
+
+class ResponseCacheCollector:
+    """The server-wide ``nv_cache_*`` gauges of Triton's local response cache, only when ``--cache-config`` made one.
+
+    Triton's local cache exports its running totals as gauges (not counters), copied from a polling thread, so
+    its scrape can lag a request; Ferry reads the cache's own totals (``cache.ResponseCache``) at scrape time.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        cache = cache_for(self.engine)
+        if cache is None:
+            return
+        yield GaugeMetricFamily("nv_cache_util", "Cache utilization [0.0 - 1.0]", value=cache.utilization())
+        yield GaugeMetricFamily("nv_cache_num_entries", "Number of responses stored in response cache", value=len(cache))
+        yield GaugeMetricFamily("nv_cache_num_hits", "Number of cache hits in response cache", value=cache.hits)
+        yield GaugeMetricFamily("nv_cache_num_misses", "Number of cache misses in response cache", value=cache.misses)
+        yield GaugeMetricFamily("nv_cache_num_lookups", "Number of cache lookups in response cache", value=cache.lookups)
+        yield GaugeMetricFamily("nv_cache_num_evictions", "Number of cache evictions in response cache", value=cache.evictions)
+        yield GaugeMetricFamily("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+                                value=cache.lookup_ns // 1000)
+        yield GaugeMetricFamily("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+                                value=cache.insert_ns // 1000)
 
 
 class CustomMetricsCollector:
@@ -260,6 +290,8 @@ def build_registry(engine: Any, *, gpu_metrics: bool = True, cpu_metrics: bool =
             registry.register(GpuCollector(nvml))
         else:
             log.info("GPU metrics disabled: %s", reason)
+    # Triton's order: the cache registers its families after the server's own, before any a model registers
+    registry.register(ResponseCacheCollector(engine))
     custom = getattr(engine, "custom_metrics", None)
     if custom is not None:
         registry.register(CustomMetricsCollector(custom))

@@ -59,6 +59,29 @@ def test_lru_by_bytes() -> None:
     assert len(cache) == 2
 
 
+def test_totals_as_tritons_local_cache_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's local cache: every lookup is a hit or a miss and timed; every insert is timed, also one that
+    stores nothing; evictions count entries pushed out; utilization is the fraction of bytes in use."""
+    clock = iter(range(0, 10**9, 1500))  # each reading of the clock is 1.5 us after the previous one
+    monkeypatch.setattr("serving_pod.cache.time.monotonic_ns", lambda: next(clock))
+    size = ENTRY_OVERHEAD + 3 + 400
+    cache = ResponseCache(2 * size)
+    assert (cache.hits, cache.misses, cache.lookups, cache.evictions, cache.utilization()) == (0, 0, 0, 0, 0.0)
+    assert cache.lookup(b"k_1") is None
+    assert cache.insert(b"k_1", entry(1)) and cache.insert(b"k_2", entry(2))
+    assert cache.utilization() == 1.0
+    assert cache.lookup(b"k_1") is not None
+    assert cache.insert(b"k_3", entry(3))  # pushes k_2 out
+    assert cache.insert(b"k_3", entry(3))  # already there: timed, nothing evicted
+    assert not cache.insert(b"big", entry(4, nbytes=4 * size))  # larger than the whole cache: timed, a no-op
+    assert cache.lookup(b"k_2") is None
+    assert (cache.hits, cache.misses, cache.lookups, cache.evictions, len(cache)) == (1, 2, 3, 1, 2)
+    assert (cache.lookup_ns, cache.insert_ns) == (3 * 1500, 5 * 1500)
+    cache = ResponseCache(4 * size)
+    cache.insert(b"k_1", entry(1))
+    assert cache.utilization() == 0.25
+
+
 def test_cached_tensors_are_private_read_only_copies() -> None:
     batch = np.arange(8, dtype=np.float32).reshape(2, 4)
     cache = ResponseCache(1 << 16)

@@ -323,3 +323,125 @@ def test_non_finite_histogram_buckets_fail_the_load_with_the_reason(threaded_ser
     assert index["bad"]["state"] == "UNAVAILABLE" and "must be finite numbers" in index["bad"]["reason"]
     assert index["good"]["state"] == "READY"  # the other model and the server go on
     _infer(server, "http", "good", 1.0)
+
+
+#: Triton 2.51's server-wide response cache families (its local cache registers them), in its scrape order
+_CACHE_FAMILIES = {
+    "nv_cache_util": "Cache utilization [0.0 - 1.0]",
+    "nv_cache_num_entries": "Number of responses stored in response cache",
+    "nv_cache_num_hits": "Number of cache hits in response cache",
+    "nv_cache_num_misses": "Number of cache misses in response cache",
+    "nv_cache_num_lookups": "Number of cache lookups in response cache",
+    "nv_cache_num_evictions": "Number of cache evictions in response cache",
+    "nv_cache_lookup_duration": "Total cache lookup duration (hit and miss), in microseconds",
+    "nv_cache_insertion_duration": "Total cache insertion duration, in microseconds",
+}
+
+
+def _cache_values(text: str) -> dict[str, float]:
+    return {family.name: family.samples[0].value for family in text_string_to_metric_families(text)
+            if family.name in _CACHE_FAMILIES}
+
+
+def test_response_cache_families_are_tritons_and_move_as_its_do(threaded_server, tmp_path):
+    """``--cache-config``: the server-wide ``nv_cache_*`` gauges, after the CPU ones, zero before any request,
+    counting over all models; lookups = hits + misses, evictions as the LRU fills, util = bytes used / size."""
+    from serving_pod.cache import ENTRY_OVERHEAD
+
+    cache = "response_cache { enable: true }"
+    write_model(tmp_path, "small", test_model_config("small", extra=cache))
+    write_model(tmp_path, "wide", test_model_config("wide", dims="[ 128 ]", extra=cache))
+    entry = ENTRY_OVERHEAD + 20 + 16  # key digest, one [1, 4] FP32 output
+    size = 3 * entry + 50  # three small answers fit, a wide one (512 bytes) never does
+    server = threaded_server([tmp_path], cache_config={"local": {"size": str(size)}})
+    raw = httpx.get(server.metrics_url, timeout=10).text
+    for name, help_text in _CACHE_FAMILIES.items():
+        assert f"# HELP {name} {help_text}\n# TYPE {name} gauge\n{name} 0\n" in raw
+    types = [line.split()[2] for line in raw.splitlines() if line.startswith("# TYPE")]
+    start = types.index("nv_cache_util")
+    assert types[start:start + len(_CACHE_FAMILIES)] == list(_CACHE_FAMILIES)
+    assert types.index("nv_cpu_memory_used_bytes") < start
+
+    for value in (1.0, 1.0, 2.0, 3.0):  # miss, hit, miss, miss: full
+        _infer(server, "http", "small", value)
+    values = _cache_values(httpx.get(server.metrics_url, timeout=10).text)
+    assert values["nv_cache_util"] == pytest.approx(3 * entry / size)
+    assert [values[f"nv_cache_num_{n}"] for n in ("entries", "hits", "misses", "lookups", "evictions")] == [3, 1, 3, 4, 0]
+    assert values["nv_cache_insertion_duration"] >= 1  # three copies into the cache take microseconds
+    lookup_us = values["nv_cache_lookup_duration"]
+
+    _infer(server, "http", "small", 4.0)  # evicts 2.0 (1.0 was used since)
+    _infer(server, "http", "small", 2.0)  # gone: a miss, evicts 3.0
+    _infer(server, "http", "small", 1.0)  # still there
+    wide = server.module("http").InferInput("INPUT0", [1, 128], "FP32")
+    wide.set_data_from_numpy(np.ones((1, 128), np.float32))
+    server.client("http").infer("wide", [wide])  # another model, same cache: a miss, too large to keep
+    values = _cache_values(httpx.get(server.metrics_url, timeout=10).text)
+    assert [values[f"nv_cache_num_{n}"] for n in ("entries", "hits", "misses", "lookups", "evictions")] == [3, 2, 6, 8, 2]
+    assert values["nv_cache_util"] == pytest.approx(3 * entry / size)
+    assert values["nv_cache_lookup_duration"] >= lookup_us
+    per_model = _scrape(server)
+    assert per_model[("nv_cache_num_misses_per_model", _model("wide"))] == 1
+
+    write_model(tmp_path / "off", "small", test_model_config("small", extra=cache))
+    raw = httpx.get(threaded_server([tmp_path / "off"]).metrics_url, timeout=10).text
+    assert "nv_cache_num_hits_per_model" in raw and "nv_cache_util" not in raw  # no cache configured: none
+
+
+def _scrape_until(url: str, done) -> str:  # type: ignore[no-untyped-def]
+    """Triton's cache copies its totals into the gauges from a polling thread: wait for ``done(values)``."""
+    deadline = time.monotonic() + 15
+    while True:
+        text = httpx.get(url, timeout=10).text
+        if done(_cache_values(text)) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.1)
+
+
+def test_response_cache_families_match_nvidia_tritons(threaded_server, tmp_path):
+    """The same cache, model and requests on Triton 2.51 and Ferry: the same families (names, help, types, labels),
+    in the same place of the scrape, with the same counts before and after."""
+    import shutil
+    from pathlib import Path
+
+    import tritonclient.http as httpclient
+
+    from support.triton import running_triton, triton_or_skip
+
+    # bin/tritonserver -> caches/local/libtritoncache_local.so, which Triton looks for in /opt/tritonserver otherwise
+    caches = Path(triton_or_skip().command()[0]).parents[1] / "caches"
+    repository = tmp_path / "repo"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "double_py",
+                    repository / "double_py", ignore=shutil.ignore_patterns("__pycache__"))
+    config = repository / "double_py" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
+    size, requests = 1 << 20, (1.0, 1.0, 2.0)  # miss, hit, miss
+
+    def run(client, module, url: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+        before = httpx.get(url, timeout=10).text
+        for value in requests:
+            tensor = module.InferInput("INPUT0", [1, 16], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
+            client.infer("double_py", [tensor])
+        return before, _scrape_until(url, lambda values: values.get("nv_cache_num_lookups") == len(requests))
+
+    with running_triton(repository, ["double_py"], f"--cache-config=local,size={size}",
+                        f"--cache-directory={caches}") as (http, _, metrics):
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        triton = run(client, httpclient, f"http://127.0.0.1:{metrics}/metrics")
+        client.close()
+    server = threaded_server([repository], cache_config={"local": {"size": str(size)}})
+    ferry = run(server.client("http"), server.module("http"), server.metrics_url)
+
+    counts = [f"nv_cache_num_{n}" for n in ("entries", "hits", "misses", "lookups", "evictions")]
+    for triton_text, ferry_text in zip(triton, ferry):
+        theirs = {f.name: f for f in text_string_to_metric_families(triton_text)}
+        ours = {f.name: f for f in text_string_to_metric_families(ferry_text)}
+        assert [name for name in theirs if name.startswith("nv_cache_")] == \
+            [name for name in ours if name.startswith("nv_cache_")]
+        assert [name for name in theirs if name in ours] == [name for name in ours if name in theirs]  # same order
+        for name in _CACHE_FAMILIES:
+            assert _shape(ours[name]) == _shape(theirs[name]), name
+        assert [_cache_values(ferry_text)[n] for n in counts] == [_cache_values(triton_text)[n] for n in counts]
+    assert [_cache_values(ferry[1])[n] for n in counts] == [2, 1, 2, 3, 0]
+    assert 0 < _cache_values(ferry[1])["nv_cache_util"] < 1 and 0 < _cache_values(triton[1])["nv_cache_util"] < 1
