@@ -23,9 +23,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving_pod.backends.base import InstanceContext
 from serving_pod.backends.registry import get_backend
 from serving_pod.core.errors import (
+    InternalError,
     InvalidArgumentError,
     ModelLoadError,
-    NotFoundError,
     ServerError,
     model_not_ready,
     unknown_model,
@@ -190,9 +190,10 @@ class ModelRegistry:
                 state = entry.versions[version]
                 if ready_only and state.state != READY:
                     continue
-                rows.append(
-                    {"name": name, "version": str(version), "state": state.state, "reason": state.reason}
-                )
+                row = {"name": name, "version": str(version), "state": state.state}
+                if state.reason:  # Triton leaves an empty reason out (a READY version has none)
+                    row["reason"] = state.reason
+                rows.append(row)
         return rows
 
     # --- model control -----------------------------------------------------------------------
@@ -212,7 +213,8 @@ class ModelRegistry:
                     raise ModelLoadError(duplicates[name])
                 source = sources.get(name)
                 if source is None:
-                    raise NotFoundError(f"failed to load '{name}', failed to poll from model repository")
+                    # Triton's status for a name its repositories do not hold: INTERNAL (HTTP 500), not NOT_FOUND
+                    raise InternalError(f"failed to load '{name}', failed to poll from model repository")
             model_dir = source.path
         entry = self.entries.setdefault(name, ModelEntry(name))
         async with entry.lock:

@@ -28,7 +28,9 @@ from serving_pod.http.compression import choose_encoding, decode_body, encode_bo
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
-_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+# versions as tritonserver's routes match them, [0-9]+: any other is an unknown route (404 "Not Found", as
+# ``_route_version``), not a version string the engine cannot parse (400)
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
 
 class Infers(Protocol):

@@ -46,7 +46,7 @@ log = logging.getLogger("ferry.http")
 
 # plain printable-ASCII targets only: %-escapes, a query or other bytes take the ASGI path (uvicorn's handling)
 _NAME = rb'[!"$&-.0->@-~]+'  # printable ASCII but / ? % #
-_INFER_TARGET = re.compile(rb"^/v2/models/(" + _NAME + rb")(?:/versions/(" + _NAME + rb"))?/infer$")
+_INFER_TARGET = re.compile(rb"^/v2/models/(" + _NAME + rb")(?:/versions/([0-9]+))?/infer$")  # as app._INFER_PATH
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: infer targets seen, each to its (model, version) or None (not an infer target); cleared when full
 _TARGETS: dict[bytes, tuple[str, str] | None] = {}

@@ -76,6 +76,10 @@ def _normalize(config: mc.ModelConfig) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1  # Triton: the latest version only
     if config.platform == "ensemble":
+        # Triton's ensemble validation always sets the policy (decoupled when a step's model is), so its served
+        # config has {"decoupled": false} even where config.pbtxt has none. A value given is kept here: Triton
+        # replaces a given true, but only after its response-cache check has read it (validate_config reads it too)
+        config.model_transaction_policy.SetInParent()
         return
     optimization = config.optimization
     if not optimization.HasField("input_pinned_memory"):

@@ -329,6 +329,11 @@ ROUTE_CASES = {
     # tritonserver's routes take [0-9]+ versions only (these were 400 "failed to parse model version")
     "version not a number": ("GET", "/v2/models/fp32/versions/abc", 404, "Not Found"),
     "negative version": ("GET", "/v2/models/fp32/versions/-1/config", 404, "Not Found"),
+    # infer too (these were 400 "failed to get model version from specified version string")
+    "infer version not a number": ("POST", "/v2/models/fp32/versions/abc/infer", 404, "Not Found"),
+    "infer negative version": ("POST", "/v2/models/fp32/versions/-1/infer", 404, "Not Found"),
+    "infer version with a suffix": ("POST", "/v2/models/fp32/versions/1x/infer", 404, "Not Found"),  # was served
+    "infer version of an unknown model": ("POST", "/v2/models/absent/versions/abc/infer", 404, "Not Found"),
     "not ready": ("GET", "/v2/models/absent/ready", 400, "Model version not ready"),  # was an empty body
 }
 

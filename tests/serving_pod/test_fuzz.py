@@ -267,9 +267,11 @@ def test_control_route_fuzz(server, errors_logged) -> None:
         for _ in range(800):
             method, path, body = route_case(rnd)
             response = client.request(method, path, content=body if method == "POST" else None)
-            # 501: CUDA shared memory without a GPU; 503: a model that a fuzzed load left unavailable
-            assert response.status_code < 500 or response.status_code in (501, 503), (method, path, body[:300],
-                                                                                      response.content[:300])
+            # 501: CUDA shared memory without a GPU; 503: a model that a fuzzed load left unavailable; 500 only
+            # where Triton answers 500: loading a name no repository holds
+            unknown_load = response.status_code == 500 and b"failed to poll from model repository" in response.content
+            assert response.status_code < 500 or response.status_code in (501, 503) or unknown_load, (
+                method, path, body[:300], response.content[:300])
         for model in MODELS:  # what the fuzzed unloads took away, for the tests that follow
             assert client.post(f"/v2/repository/models/{model}/load").status_code == 200
     assert not errors_logged, [r.getMessage() for r in errors_logged]

@@ -88,11 +88,50 @@ def test_load_errors(threaded_server, repository, protocol):
     client = server.client(protocol)
     with pytest.raises(InferenceServerException) as info:
         client.load_model("does_not_exist")
-    assert "failed to load 'does_not_exist'" in info.value.message()
+    # tritonserver 2.51: HTTP 500, gRPC INTERNAL (it was 404 / NOT_FOUND)
+    assert (str(info.value.status()), info.value.message()) == (
+        {"http": "500", "grpc": "StatusCode.INTERNAL"}[protocol],
+        "failed to load 'does_not_exist', failed to poll from model repository")
     with pytest.raises(InferenceServerException) as info:
         client.load_model("alpha", config="{not json")
     assert "failed to parse config override of model 'alpha'" in info.value.message()
     assert client.is_server_live()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_repository_index_rows_as_tritons(threaded_server, repository, protocol):
+    """tritonserver 2.51's rows: 'reason' only where there is one (a READY version had "reason": "" over HTTP), and
+    only the name of a model never loaded."""
+    import httpx
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2 as pb
+
+    write_model(repository, "broken", test_model_config(
+        "broken", extra='parameters { key: "fail_load" value { string_value: "true" } }'))
+    write_model(repository, "gamma", test_model_config("gamma"))
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha", "beta"))
+    client = server.client(protocol)
+    with pytest.raises(InferenceServerException):
+        client.load_model("broken")
+    client.unload_model("beta")
+    if protocol == "http":
+        response = httpx.post(f"http://{server.http_url}/v2/repository/index", timeout=30)
+        assert response.status_code == 200
+        rows = response.json()
+    else:
+        channel, stub = _grpc_stub(server)
+        with channel:
+            answer = stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30)
+        rows = [json_format.MessageToDict(row) for row in answer.models]
+        assert [row.reason for row in answer.models if row.state == "READY"] == [""]
+    broken = rows[2].pop("reason")
+    assert "ferry_test asked to fail loading" in broken
+    assert rows == [
+        {"name": "alpha", "version": "1", "state": "READY"},
+        {"name": "beta", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+        {"name": "broken", "version": "1", "state": "UNAVAILABLE"},
+        {"name": "gamma"},
+    ]
 
 
 @pytest.mark.parametrize(("path", "body", "message"), [
@@ -267,3 +306,90 @@ def test_grpc_repository_index_of_a_named_repository_refused(threaded_server, re
         stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="models"), timeout=30)
     assert (info.value.code(), info.value.details()) == (
         grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported")
+
+
+# ---- side by side with tritonserver 2.51 (skipped where it cannot be installed) ----------------------------------
+
+_ADD_SUB_ENSEMBLE = """
+name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "IN1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub_py" model_version: -1
+  input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" }
+  output_map { key: "OUTPUT0" value: "SUM" } } ] }
+"""
+_BROKEN_PY = """
+name: "broken_py"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def _side_by_side_answers(http_port: int, grpc_port: int) -> dict[str, object]:
+    """What a server answers to the calls compared with tritonserver's: repository index (after a failed load),
+    an ensemble's config, loading an unknown model, infer with version strings its HTTP routes do not match."""
+    import grpc
+    import httpx
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    base = f"http://127.0.0.1:{http_port}/v2"
+
+    def over_http(path: str, body: bytes = b"") -> tuple[int, object]:
+        response = httpx.post(base + path, content=body, timeout=60)
+        return response.status_code, response.json() if response.content else None
+
+    def over_grpc(method: str, request) -> tuple[str, object]:
+        try:
+            return "OK", json_format.MessageToDict(getattr(stub, method)(request, timeout=60))
+        except grpc.RpcError as error:
+            return error.code().name, error.details()
+
+    def masked(rows: list[dict]) -> list[dict]:  # the failed load's reason is each server's own words
+        return [{**row, "reason": "..."} if row["name"] == "broken_py" and "reason" in row else row for row in rows]
+
+    answers: dict[str, object] = {}
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        load = pb.RepositoryModelLoadRequest
+        answers["failed load"] = (over_http("/repository/models/broken_py/load")[0],
+                                  over_grpc("RepositoryModelLoad", load(model_name="broken_py"))[0])
+        answers["index http"] = masked(over_http("/repository/index")[1])
+        answers["index grpc"] = masked(over_grpc("RepositoryIndex", pb.RepositoryIndexRequest())[1]["models"])
+        config = httpx.get(f"{base}/models/ens/config", timeout=60).json()
+        config["ensemble_scheduling"].pop("max_inflight_requests", None)  # Ferry only: a newer model_config.proto
+        answers["ensemble config http"] = config
+        answers["ensemble config grpc"] = over_grpc("ModelConfig", pb.ModelConfigRequest(name="ens"))
+        answers["unknown load"] = (over_http("/repository/models/nope/load"),
+                                   over_grpc("RepositoryModelLoad", load(model_name="nope")))
+        names = ("INPUT0", "INPUT1")
+        body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]} for n in names]})
+        for version in ("abc", "-1", "1x", "007"):
+            request = pb.ModelInferRequest(model_name="add_sub_py", model_version=version)
+            for name in names:
+                request.inputs.add(name=name, datatype="FP32", shape=[4]).contents.fp32_contents[:] = [1, 2, 3, 4]
+            code, details = over_grpc("ModelInfer", request)
+            answers[f"infer {version}"] = (over_http(f"/models/add_sub_py/versions/{version}/infer", body.encode()),
+                                           code if code == "OK" else (code, details))
+    return answers
+
+
+def test_answers_match_nvidia_tritons(threaded_server, tmp_path):
+    """Index rows, an ensemble's served config, loading an unknown model and infer with non-numeric versions, over
+    HTTP and gRPC, as tritonserver 2.51 answers them (each differed before)."""
+    from support.server import DEFAULT_MODELS, copy_models
+    from support.triton import running_triton
+
+    repository = copy_models(tmp_path / "models", DEFAULT_MODELS, "add_sub_py", "double_py")
+    write_model(repository, "broken_py", _BROKEN_PY, files={"1/model.py": "raise RuntimeError('broken on purpose')\n"})
+    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
+    with running_triton(repository, ["add_sub_py", "ens"], "--exit-on-error=false") as (http, grpc_port, _):
+        expected = _side_by_side_answers(http, grpc_port)
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
+    got = _side_by_side_answers(server.server.http_port, server.server.grpc_port)
+    assert got == expected

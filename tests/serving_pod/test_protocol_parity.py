@@ -278,6 +278,12 @@ def test_model_version_strings(server, protocol, version):
             call("id_fp32", version)
         else:
             assert _error(call, "id_fp32", version) == expected
+    # infer answers as the other routes (HTTP infer said 400 "failed to get model version" for 'abc' and '-1')
+    inputs = {"INPUT0": np.ones((1, 4), np.float32)}
+    if expected is None:
+        assert _infer(server, protocol, "id_fp32", inputs, model_version=version).as_numpy("OUTPUT0").shape == (1, 4)
+    else:
+        assert _error(_infer, server, protocol, "id_fp32", inputs, model_version=version) == expected
     if expected is None or expected[1].startswith("Request for unknown model"):
         assert client.is_model_ready("id_fp32", version) == (expected is None)
     elif protocol == "grpc":  # a version gRPC cannot parse is refused, not "not ready" (was ready=false)

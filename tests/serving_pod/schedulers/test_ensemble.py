@@ -196,6 +196,20 @@ def test_ensemble_metadata_config_and_statistics(server) -> None:
     client.close()
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ensemble_config_has_tritons_transaction_policy(server, protocol: str) -> None:
+    """tritonserver 2.51 serves every ensemble's config with the policy its ensemble validation sets:
+    {"decoupled": false} over HTTP, a present (empty) message over gRPC; the config had none."""
+    client = server.client(protocol)
+    client.load_model("fan_out")  # its config.pbtxt has no model_transaction_policy
+    if protocol == "http":
+        assert client.get_model_config("fan_out")["model_transaction_policy"] == {"decoupled": False}
+    else:
+        config = client.get_model_config("fan_out").config
+        assert config.HasField("model_transaction_policy") and not config.model_transaction_policy.decoupled
+    client.close()
+
+
 def httpclient_module():
     import tritonclient.http as httpclient
 
