@@ -198,7 +198,7 @@ def create_app(
 
     async def _generate(request: Request, model: str, version: str, streaming: bool) -> Response:
         status, content_type, body = await answer_generate(
-            engine, await request.body(), model, version, max_input_size, streaming)
+            engine, await request.body(), model, _route_version(version), max_input_size, streaming)
         if isinstance(body, bytes):
             return Response(body, status_code=status, media_type=content_type.decode())
         return StreamingResponse(body, status_code=status, media_type=content_type.decode())

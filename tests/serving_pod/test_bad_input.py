@@ -334,6 +334,9 @@ ROUTE_CASES = {
     "infer negative version": ("POST", "/v2/models/fp32/versions/-1/infer", 404, "Not Found"),
     "infer version with a suffix": ("POST", "/v2/models/fp32/versions/1x/infer", 404, "Not Found"),  # was served
     "infer version of an unknown model": ("POST", "/v2/models/absent/versions/abc/infer", 404, "Not Found"),
+    # and the generate extension's routes (these were 400 "failed to get model version ...")
+    "generate version not a number": ("POST", "/v2/models/fp32/versions/abc/generate", 404, "Not Found"),
+    "generate_stream negative version": ("POST", "/v2/models/fp32/versions/-1/generate_stream", 404, "Not Found"),
     "not ready": ("GET", "/v2/models/absent/ready", 400, "Model version not ready"),  # was an empty body
 }
 
