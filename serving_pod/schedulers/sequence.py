@@ -251,7 +251,11 @@ class SequenceScheduler:
                 await self._execute(lane, taken)
             except Exception as exc:  # a scheduler bug must fail these requests, not stop the lane
                 log.exception("sequence batch of model '%s' failed", self.spec.model_name)
-                for _, _, pending in taken:
+                for _, sequence, pending in taken:
+                    # the slot of an ended sequence must still free, or each such failure loses a slot for good
+                    sequence.busy = False
+                    if pending.end:
+                        self._release(sequence)
                     if not pending.future.done():
                         pending.future.set_exception(InternalError(f"{type(exc).__name__}: {exc}"))
             finally:

@@ -119,7 +119,7 @@ class SequenceSpec:
             if self.corrid_datatype == "BYTES":
                 data = np.full(shape, str(key).encode() if ready else b"", dtype=np.object_)
             else:
-                data = np.full(shape, key if ready else 0, numpy_dtype(self.corrid_datatype))
+                data = np.full(shape, corrid_value(key if ready else 0, self.corrid_datatype))
             tensors.append(Tensor(self.corrid_name, self.corrid_datatype, data))
         return tensors
 
@@ -129,6 +129,15 @@ class SequenceSpec:
             state.input_name: state.initial[np.newaxis] if self.batching else state.initial
             for state in self.states
         }
+
+
+def corrid_value(key: int, datatype: str) -> np.generic:
+    """``key`` (a uint64) as the CORRID control's ``datatype``, cut to its width as Triton's C++ cast does.
+
+    Triton 2.51 hands a model whose CORRID is TYPE_INT32 the low 32 bits of the id (2**40 + 7 -> 7) and a TYPE_INT64
+    one the id's bits read as signed; a plain ``np.full`` would raise OverflowError there, failing the batch.
+    """
+    return np.uint64(key).astype(numpy_dtype(datatype))
 
 
 def _flag(parameters: dict[str, Any], name: str, model: str) -> bool:

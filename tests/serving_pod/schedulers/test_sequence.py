@@ -29,6 +29,7 @@ def probe_repo(tmp_path_factory) -> Path:
     shutil.copytree(DATA / "seq_probe", repo / "seq_probe")
     (repo / "seq_probe" / "initial_state").mkdir()
     (repo / "seq_probe" / "initial_state" / "init.bin").write_bytes(np.array([INITIAL], np.int32).tobytes())
+    _int32_corrid_probe(repo)
     make_state_model(repo / "onnx_acc")
     # without batching an instance has one slot: two instances for two interleaved sequences
     make_state_model(repo / "onnx_acc_nobatch", max_batch=0, extra_config="instance_group [ { count: 2 kind: KIND_CPU } ]")
@@ -39,6 +40,14 @@ def probe_repo(tmp_path_factory) -> Path:
                    delay_ms=50),
     )
     return repo
+
+
+def _int32_corrid_probe(repo: Path) -> None:
+    """``seq_probe_i32``: seq_probe with a TYPE_INT32 CORRID control and one instance."""
+    shutil.copytree(repo / "seq_probe", repo / "seq_probe_i32")
+    config = (repo / "seq_probe" / "config.pbtxt").read_text()
+    config = config.replace('name: "seq_probe"', 'name: "seq_probe_i32"').replace("TYPE_UINT64", "TYPE_INT32")
+    (repo / "seq_probe_i32" / "config.pbtxt").write_text(config.replace("count: 2", "count: 1"))
 
 
 def _ferry_seq(name: str, sequence: str, delay_ms: int = 0) -> str:
@@ -260,3 +269,18 @@ def test_oldest_strategy_batches_across_sequences(server) -> None:
     assert outputs == {31: 31, 32: 32, 33: 33, 34: 34}
     after = {b["batch_size"]: b["compute_infer"]["count"] for b in stats()["batch_stats"]}
     assert after.get(4, 0) - before.get(4, 0) == 1, after
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_wide_sequence_id_on_an_int32_corrid_is_cut_to_32_bits(server, protocol: str) -> None:
+    """The model sees the id's low 32 bits, as under Triton 2.51; it used to fail INTERNAL (OverflowError)
+    and lose the sequence's slot, so that after four such requests no sequence of the model could start."""
+    base = 2**40 + (10 if protocol == "http" else 20)
+    for offset in range(6):  # more than the model's 2 slots: none may be lost
+        sequence_id = base + offset
+        result = _infer(server, protocol, "seq_probe_i32", 5, sequence_id, start=True)
+        first = [int(v) for v in result.as_numpy("PROBE")[0]]
+        result = _infer(server, protocol, "seq_probe_i32", 6, sequence_id, end=True)
+        last = [int(v) for v in result.as_numpy("PROBE")[0]]
+        assert int(result.as_numpy("SUM")[0][0]) == INITIAL + 5 + 6
+        assert (first[3:], last[3:]) == ([1, 0, 1, sequence_id % 2**32], [0, 1, 1, sequence_id % 2**32])

@@ -120,6 +120,37 @@ async def test_drain_fails_backlogged_sequences() -> None:
         await waiting
 
 
+async def test_a_failed_batch_still_frees_the_slot_of_an_ended_sequence() -> None:
+    """An unexpected error while preparing a START+END request fails it (INTERNAL) but frees its slot.
+
+    Before, the slot of the ended sequence stayed taken: with one slot, every later sequence waited forever.
+    """
+    clock = Clock()
+    scheduler, _ = _scheduler(_config("", max_batch=0), clock)  # a single slot
+
+    class FailingOnce:
+        """``StateIO`` whose first ``prepare`` raises (a stand-in for any bug on that path)."""
+
+        def __init__(self, io) -> None:
+            self.io, self.failed = io, False
+
+        def __getattr__(self, name: str):
+            return getattr(self.io, name)
+
+        def prepare(self, *args, **kwargs):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("boom")
+            return self.io.prepare(*args, **kwargs)
+
+    scheduler.io = FailingOnce(scheduler.io)  # type: ignore[assignment]
+    with pytest.raises(Exception, match="RuntimeError: boom"):
+        await asyncio.wait_for(scheduler.submit(_request(1, 1, start=True, end=True)), 5)
+    result = await asyncio.wait_for(scheduler.submit(_request(4, 2, start=True, end=True)), 5)
+    assert int(result.outputs[0].data.reshape(-1)[0]) == 4
+    await scheduler.drain()
+
+
 # --- sequence_config ------------------------------------------------------------------------
 
 BAD_CONFIGS = {
@@ -169,3 +200,21 @@ def test_control_tensors_and_initial_state_from_file(tmp_path: Path) -> None:
     assert spec.sequence_of({"sequence_id": "abc", "sequence_start": True}) == ("abc", True, False)
     with pytest.raises(InvalidArgumentError, match="data-type is 'UINT64', but model 'seq' expects 'BYTES'"):
         spec.sequence_of({"sequence_id": 5})
+
+
+@pytest.mark.parametrize(("datatype", "key", "seen"), [
+    ("INT32", 2**40 + 7, 7),                      # Triton 2.51 hands the model the low 32 bits
+    ("INT32", 2**64 - 1, -1),
+    ("UINT32", 2**32 + 9, 9),
+    ("INT64", 2**63 + 7, -(2**63) + 7),           # the id's bits read as signed
+    ("UINT64", 2**64 - 1, 2**64 - 1),
+])
+def test_corrid_control_takes_the_id_cut_to_its_width(datatype: str, key: int, seen: int, tmp_path: Path) -> None:
+    """A wide id on a narrow CORRID control is cut as Triton's cast does, not an OverflowError (INTERNAL)."""
+    spec = parse_sequence_config(_config(
+        f'control_input [ {{ name: "C" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_{datatype} }} ] }} ]'
+    ), tmp_path)
+    (tensor,) = spec.control_tensors(True, False, True, key)
+    assert (tensor.datatype, tensor.data.dtype.name, tensor.data.tolist()) == (datatype, datatype.lower(), [[seen]])
+    (null,) = spec.control_tensors(False, False, False, 0)
+    assert null.data.tolist() == [[0]]
