@@ -55,6 +55,14 @@ def parse_config_json(text: str, model_name: str) -> mc.ModelConfig:
     return config
 
 
+#: fields of tritonclient's model_config.proto that Triton 2.51's lacks (message -> field names), for the ones
+#: printed even when unset (no presence). Triton 2.51 cannot print them, so they are left out while at their
+#: default; a value set in config.pbtxt is still shown. (``ModelConfig.model_metrics``, also newer, has presence.)
+_NEWER_THAN_TRITON: dict[str, tuple[str, ...]] = {
+    "inference.ModelEnsembling": ("max_inflight_requests",),
+}
+
+
 def config_to_dict(config: mc.ModelConfig) -> dict:
     """ModelConfig -> JSON-ready dict with proto field names and int64 as numbers (Triton's shape)."""
     data = json_format.MessageToDict(
@@ -62,7 +70,28 @@ def config_to_dict(config: mc.ModelConfig) -> dict:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
+    _drop_newer_defaults(config, data)
     return _int64_as_numbers(data, config.DESCRIPTOR)
+
+
+def _drop_newer_defaults(message, data: dict) -> None:
+    """Remove ``_NEWER_THAN_TRITON`` fields at their default from ``data`` (``message`` printed), recursively."""
+    for name in _NEWER_THAN_TRITON.get(message.DESCRIPTOR.full_name, ()):
+        field = message.DESCRIPTOR.fields_by_name[name]
+        if getattr(message, name) == field.default_value:
+            data.pop(name, None)
+    for field, value in message.ListFields():
+        if field.message_type is None or field.name not in data:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                for key, item in value.items():
+                    _drop_newer_defaults(item, data[field.name][str(key)])
+        elif isinstance(data[field.name], list):
+            for item, printed in zip(value, data[field.name]):
+                _drop_newer_defaults(item, printed)
+        else:
+            _drop_newer_defaults(value, data[field.name])
 
 
 def config_to_json(config: mc.ModelConfig) -> str:

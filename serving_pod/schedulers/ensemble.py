@@ -4,7 +4,10 @@ Neighbours: ``ensemble_graph.py`` (the steps, validated at load by the registry)
 ``infer`` runs each step on its composing model, so every composing model keeps its own scheduler
 (dynamic batching, sequences...) and its own statistics. A step starts as soon as all the ensemble
 tensors it reads exist, so independent steps run concurrently (one asyncio task per ready step).
-The first failing step fails the ensemble request with that step's error and cancels the rest.
+The first failing step fails the ensemble request with that step's error, prefixed as Triton does
+(``in ensemble 'NAME', ...``), and cancels the rest. Like Triton 2.51, every ensemble response carries
+the request's sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the
+request has none), whatever the steps are.
 
 The ensemble's own statistics follow Triton's: one success (or failure) per request, queue time
 up to the first step's dispatch, and as compute the time its steps took (charged as compute_infer,
@@ -14,6 +17,7 @@ summed over steps; the composing models' statistics hold the exact per-stage tim
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import Any
 
@@ -23,6 +27,25 @@ from serving_pod.schedulers.ensemble_graph import EnsembleStep, ensemble_steps
 
 #: request parameters that belong to the ensemble request only, not to its steps
 _OWN_PARAMETERS = frozenset({"binary_data_output", "binary_data_size"})
+#: response parameters Triton's ensemble scheduler always sets, from the request (else these defaults)
+_SEQUENCE_PARAMETERS = (("sequence_id", 0), ("sequence_start", False), ("sequence_end", False))
+
+
+def sequence_parameters(request: InferRequest) -> dict[str, Any]:
+    """The ``sequence_*`` parameters of an ensemble's response: the request's, defaults where it has none."""
+    parameters: dict[str, Any] = {}
+    for key, default in _SEQUENCE_PARAMETERS:
+        value = request.parameters.get(key, default)
+        parameters[key] = bool(value) if isinstance(default, bool) else value
+    return parameters
+
+
+def step_error(ensemble: str, error: ServerError) -> ServerError:
+    """A step's error as the ensemble reports it: same class (so same status), Triton's prefix."""
+    wrapped = copy.copy(error)  # a nested ensemble's step error reads "in ensemble 'outer', in ensemble 'inner', ..."
+    wrapped.message = f"in ensemble '{ensemble}', " + error.message
+    wrapped.args = (wrapped.message,)
+    return wrapped
 
 
 class EnsembleScheduler:
@@ -53,9 +76,9 @@ class EnsembleScheduler:
         stats = self.model.stats
         try:
             tensors, compute_ns, dispatch_ns = await self._run(request)
-        except ServerError:
+        except ServerError as error:
             stats.record_failure(time.monotonic_ns() - request.arrival_ns, "BACKEND")
-            raise
+            raise step_error(self.model.config.name, error) from None
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -65,7 +88,8 @@ class EnsembleScheduler:
         stats.record_success(done_ns - request.arrival_ns, dispatch_ns - request.arrival_ns, 0, compute_ns, 0)
         wanted = self.output_names if request.outputs is None else [o.name for o in request.outputs]
         outputs = [tensors[name] for name in wanted if name in tensors]
-        return InferResponse(request.model_name, request.model_version, outputs, request.id)
+        return InferResponse(request.model_name, request.model_version, outputs, request.id,
+                             sequence_parameters(request))
 
     async def _run(self, request: InferRequest) -> tuple[dict[str, Tensor], int, int]:
         """Run every step; returns the ensemble tensors, the steps' summed time and the first dispatch."""

@@ -220,3 +220,9 @@ def validate_mapping(
                     f"non-existing output '{model_output}' in model {step.model_name}"
                 )
             merge(step, tensor, _Node(source, spec.data_type, *_dims(spec.dims, step_batching)))
+    # Triton's ensemble validation sets the policy from the steps (decoupled when one of them is): a
+    # ``decoupled: true`` in config.pbtxt over non-decoupled steps is served, and runs, as not decoupled.
+    # Decoupled steps are refused above, so here it is always false. Triton's response-cache check reads the
+    # declared value first (and refuses it), so with the cache enabled it stays for that check (cache.py).
+    if not config.response_cache.enable:
+        config.model_transaction_policy.decoupled = False
