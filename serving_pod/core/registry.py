@@ -5,6 +5,10 @@ thread (the event loop keeps serving), then swaps new versions in atomically. A 
 the previous versions serving, and a failed (re)load leaves nothing behind: the instances it made
 are finalized and the versions it assembled leave the rate limiter. Unloading drains a version's
 scheduler before finalizing its instances.
+
+As Triton, ensembles follow their composing models: unloading a model unloads the ensembles whose steps
+name it (and theirs), which load again once all their composing models are READY; reloading a composing
+model reloads the READY ensembles over it. An ensemble unloaded on purpose stays unloaded.
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ class ModelEntry:
     #: versions currently serving, newest first (the default version is the first).
     ready: list[Model] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: an ensemble unloaded with a composing model: its steps' models, all READY again -> it loads again
+    awaiting: frozenset[str] = frozenset()
 
 
 class ModelRegistry:
@@ -218,6 +224,7 @@ class ModelRegistry:
             model_dir = source.path
         entry = self.entries.setdefault(name, ModelEntry(name))
         async with entry.lock:
+            entry.awaiting = frozenset()  # loading now: no longer waits for its composing models
             first_load = not entry.ready
             if first_load:
                 for state in entry.versions.values():
@@ -259,12 +266,15 @@ class ModelRegistry:
                     entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
             log.info("loaded '%s' versions %s", name, [m.version for m in entry.ready])
         self._changed()
+        await self._load_dependents(name, reloaded=not first_load)
 
     async def unload(self, name: str) -> None:
+        """Unload ``name`` and, as Triton, the ensembles over it (module docstring)."""
         entry = self.entries.get(name)
         if entry is None:
             return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
         async with entry.lock:
+            entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
             old = entry.ready
             entry.ready = []
             for model in old:
@@ -273,6 +283,9 @@ class ModelRegistry:
             for version in list(entry.versions):
                 entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
         self._changed()
+        for dependent, steps in self._dependents(name):
+            await self.unload(dependent.name)
+            dependent.awaiting = steps
 
     async def load_many(self, names: list[str]) -> dict[str, str]:
         """Load several models concurrently; returns failures by model name (others keep going)."""
@@ -435,6 +448,31 @@ class ModelRegistry:
             except ServerError as exc:
                 raise ModelLoadError(f"ensemble '{config.name}' {step.label}: {exc}") from None
         validate_mapping(config, steps, composing)
+
+    def _dependents(self, name: str) -> list[tuple[ModelEntry, frozenset[str]]]:
+        """The READY ensembles whose steps name ``name``, each with all its steps' model names."""
+        found = []
+        for entry in list(self.entries.values()):
+            steps = frozenset(step.model_name for step in entry.ready[0].config.ensemble_scheduling.step) \
+                if entry.ready else frozenset()
+            if name in steps:
+                found.append((entry, steps))
+        return found
+
+    async def _load_dependents(self, name: str, *, reloaded: bool) -> None:
+        """After ``name`` loaded: load the ensembles awaiting it once all their composing models are READY and, when
+        it was a reload, reload the READY ensembles over it (Triton's fresh versions and statistics). Called with
+        no lock held; an ensemble loading ``name`` as its step is skipped (it is loading already)."""
+        loading = _ENSEMBLE_CHAIN.get()
+        awaiting = [entry.name for entry in list(self.entries.values())
+                    if name in entry.awaiting and entry.name not in loading
+                    and all(self.entries.get(step) is not None and self.entries[step].ready for step in entry.awaiting)]
+        over = [entry.name for entry, _ in self._dependents(name) if entry.name not in loading] if reloaded else []
+        for dependent in dict.fromkeys(awaiting + over):
+            try:
+                await self.load(dependent)
+            except ServerError as exc:  # the composing model loaded: its own load succeeded
+                log.error("ensemble '%s' did not load again after '%s' loaded: %s", dependent, name, exc)
 
     async def _retire(self, models: list[Model]) -> None:
         for model in models:

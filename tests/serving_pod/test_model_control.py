@@ -247,6 +247,103 @@ def test_unload_of_an_unknown_model_succeeds(threaded_server, repository, protoc
     assert client.is_model_ready("alpha") and not client.is_model_ready("beta")
 
 
+def _ensemble_over(name: str, composing: str) -> str:
+    """config.pbtxt of an ensemble with one step: ``composing``'s INPUT0 -> OUTPUT0 (a ferry_test identity, or an
+    ensemble of this shape)."""
+    return f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{composing}" model_version: -1
+  input_map {{ key: "INPUT0" value: "INPUT0" }} output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} }} ] }}
+"""
+
+
+def _states(server, protocol: str, *names: str) -> dict[str, tuple[str, str]]:
+    index = _index(server, protocol)
+    return {name: (index[(name, "1")]["state"], index[(name, "1")].get("reason", "")) for name in names}
+
+
+def _inference_count(server, model: str) -> int:
+    return int(server.client("http").get_inference_statistics(model)["model_stats"][0]["inference_count"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_unloading_a_composing_model_unloads_its_ensembles(threaded_server, repository, protocol):
+    """tritonserver 2.51: the ensembles over an unloaded model (and the ensembles over those) are unloaded with it
+    (UNAVAILABLE "unloaded", not ready, infer 404 naming the ensemble), and load again, with fresh statistics, when
+    it loads again; an ensemble unloaded on purpose stays unloaded. Ferry kept them READY."""
+    write_model(repository, "ens", _ensemble_over("ens", "alpha"))
+    write_model(repository, "outer", _ensemble_over("outer", "ens"))
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha", "ens", "outer", "beta"))
+    client = server.client(protocol)
+    ones = np.ones((1, 4), np.float32)
+    _infer(server, protocol, "ens", ones)
+    assert _inference_count(server, "ens") == 1
+
+    client.unload_model("alpha")
+    assert _states(server, protocol, "alpha", "ens", "outer", "beta") == {
+        "alpha": ("UNAVAILABLE", "unloaded"), "ens": ("UNAVAILABLE", "unloaded"),
+        "outer": ("UNAVAILABLE", "unloaded"), "beta": ("READY", "")}
+    assert not client.is_model_ready("ens") and not client.is_model_ready("outer")
+    for model in ("ens", "outer"):
+        with pytest.raises(InferenceServerException) as info:
+            _infer(server, protocol, model, ones)
+        assert (str(info.value.status()), info.value.message()) == (
+            {"http": "404", "grpc": "StatusCode.NOT_FOUND"}[protocol],
+            f"Request for unknown model: '{model}' has no available versions")
+
+    client.load_model("alpha")
+    assert _states(server, protocol, "alpha", "ens", "outer") == {name: ("READY", "") for name in ("alpha", "ens", "outer")}
+    assert _inference_count(server, "ens") == 0
+    assert _infer(server, protocol, "outer", ones).as_numpy("OUTPUT0").tolist() == ones.tolist()
+
+    client.unload_model("outer")  # on purpose: alpha's unload and load leave it unloaded
+    client.unload_model("alpha")
+    client.load_model("alpha")
+    assert _states(server, protocol, "ens", "outer") == {"ens": ("READY", ""), "outer": ("UNAVAILABLE", "unloaded")}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_reloading_a_composing_model_reloads_its_ensembles(threaded_server, repository, protocol):
+    """tritonserver 2.51 loads a READY ensemble again when its composing model is loaded again: fresh statistics."""
+    write_model(repository, "ens", _ensemble_over("ens", "alpha"))
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha", "ens"))
+    _infer(server, protocol, "ens", np.ones((1, 4), np.float32))
+    assert _inference_count(server, "ens") == 1
+    server.client(protocol).load_model("alpha")
+    assert server.client(protocol).is_model_ready("ens")
+    assert _inference_count(server, "ens") == 0
+
+
+def test_unload_dependents_of_a_composing_model_changes_nothing(threaded_server, repository):
+    """tritonserver 2.51: 'unload_dependents' (HTTP true, gRPC false) on a composing model: its ensembles go all the
+    same; on the ensemble, its composing models go too, and the ensembles over it."""
+    import httpx
+    from tritonclient.grpc import service_pb2 as pb
+
+    write_model(repository, "ens", _ensemble_over("ens", "alpha"))
+    write_model(repository, "outer", _ensemble_over("outer", "ens"))
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha", "ens", "outer"))
+    url = f"http://{server.http_url}/v2/repository/models"
+    assert httpx.post(f"{url}/alpha/unload", json={"parameters": {"unload_dependents": True}}).status_code == 200
+    assert not server.client("http").is_model_ready("ens")
+    server.client("http").load_model("alpha")
+    request = pb.RepositoryModelUnloadRequest(model_name="alpha")
+    request.parameters["unload_dependents"].bool_param = False
+    channel, stub = _grpc_stub(server)
+    with channel:
+        stub.RepositoryModelUnload(request, timeout=30)
+    assert _states(server, "http", "alpha", "ens", "outer") == {name: ("UNAVAILABLE", "unloaded")
+                                                                for name in ("alpha", "ens", "outer")}
+    server.client("http").load_model("alpha")
+    assert httpx.post(f"{url}/ens/unload", json={"parameters": {"unload_dependents": True}}).status_code == 200
+    assert _states(server, "http", "alpha", "ens", "outer") == {name: ("UNAVAILABLE", "unloaded")
+                                                                for name in ("alpha", "ens", "outer")}
+
+
 def _grpc_stub(server):
     import grpc
     from tritonclient.grpc import service_pb2_grpc
@@ -331,7 +428,8 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 
 def _side_by_side_answers(http_port: int, grpc_port: int) -> dict[str, object]:
     """What a server answers to the calls compared with tritonserver's: repository index (after a failed load),
-    an ensemble's config, loading an unknown model, infer with version strings its HTTP routes do not match."""
+    an ensemble's config, loading an unknown model, infer with version strings its HTTP routes do not match, and
+    the ensemble after its composing model is unloaded and loaded again."""
     import grpc
     import httpx
     from google.protobuf import json_format
@@ -376,12 +474,43 @@ def _side_by_side_answers(http_port: int, grpc_port: int) -> dict[str, object]:
             code, details = over_grpc("ModelInfer", request)
             answers[f"infer {version}"] = (over_http(f"/models/add_sub_py/versions/{version}/infer", body.encode()),
                                            code if code == "OK" else (code, details))
+        # the ensemble follows its composing model: unloaded with it, loaded again (fresh statistics) with it
+        ens_body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}
+                                          for n in ("IN0", "IN1")]}).encode()
+        ens_request = pb.ModelInferRequest(model_name="ens")
+        for name in ("IN0", "IN1"):
+            ens_request.inputs.add(name=name, datatype="FP32", shape=[4]).contents.fp32_contents[:] = [1, 2, 3, 4]
+
+        def ensemble_answers() -> tuple[object, ...]:
+            code, infer = over_grpc("ModelInfer", ens_request)
+            stats = httpx.get(f"{base}/models/ens/stats", timeout=60)
+            return (httpx.get(f"{base}/models/ens/ready", timeout=60).status_code,
+                    over_grpc("ModelReady", pb.ModelReadyRequest(name="ens")),
+                    httpx.get(f"{base}/models/ens", timeout=60).status_code, over_http("/models/ens/infer", ens_body)[0],
+                    (code, infer if code != "OK" else infer["outputs"][0]["name"]),
+                    (stats.status_code, [row["inference_count"] for row in stats.json().get("model_stats", [])]))
+
+        def settled_index() -> list[dict]:  # tritonserver unloads a python model in the background: UNLOADING a while
+            deadline = time.monotonic() + 30
+            rows = over_http("/repository/index")[1]
+            while any(row.get("state") == "UNLOADING" for row in rows) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                rows = over_http("/repository/index")[1]
+            return masked(rows)
+
+        answers["ensemble before"] = ensemble_answers()
+        answers["composing unload"] = over_http("/repository/models/add_sub_py/unload")
+        answers["index after composing unload"] = settled_index()
+        answers["ensemble after composing unload"] = ensemble_answers()
+        answers["composing load"] = over_grpc("RepositoryModelLoad", load(model_name="add_sub_py"))
+        answers["index after composing load"] = settled_index()
+        answers["ensemble after composing load"] = ensemble_answers()
     return answers
 
 
 def test_answers_match_nvidia_tritons(threaded_server, tmp_path):
-    """Index rows, an ensemble's served config, loading an unknown model and infer with non-numeric versions, over
-    HTTP and gRPC, as tritonserver 2.51 answers them (each differed before)."""
+    """Index rows, an ensemble's served config, loading an unknown model, infer with non-numeric versions and an
+    ensemble over an unloaded model, over HTTP and gRPC, as tritonserver 2.51 answers them (each differed before)."""
     from support.server import DEFAULT_MODELS, copy_models
     from support.triton import running_triton
 

@@ -246,20 +246,20 @@ def test_broken_ensemble_fails_to_load_naming_step_and_tensor(server, name: str)
     client.close()
 
 
-def test_step_failure_fails_the_request_with_the_step_error(server) -> None:
+def test_step_failure_fails_the_request_with_the_step_error(server, repo) -> None:
+    """A failing step fails the ensemble's request with that step's error (an unloaded step model no longer can:
+    the ensemble is unloaded with it, as in Triton)."""
+    write_model(repo, "failing", _identity("failing").replace(
+        "parameters [", 'parameters [ { key: "fail_on_value" value: { string_value: "7" } },'))
+    write_model(repo, "failing_ens", _ensemble("failing_ens", _step("failing", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})))
     client, module = server.client("http"), server.module("http")
-    client.load_model("pipeline")
-    raw = np.ones((1, 4), np.float32)
-    tensors = _inputs(module, raw, raw)
-    tensors[1] = module.InferInput("OFFSET", [1, 4], "FP32")
-    tensors[1].set_data_from_numpy(raw)
-    client.unload_model("add_sub")
-    try:
-        with pytest.raises(InferenceServerException, match="add_sub"):
-            client.infer("pipeline", tensors)
-    finally:
-        client.load_model("add_sub")
-    assert client.infer("pipeline", tensors).as_numpy("PRODUCT") is not None
+    client.load_model("failing_ens")
+    tensor = module.InferInput("IN", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), 7, np.float32))
+    with pytest.raises(InferenceServerException, match="ferry_test model failed on value 7"):
+        client.infer("failing_ens", [tensor])
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert client.infer("failing_ens", [tensor]).as_numpy("OUT").tolist() == [[1, 1, 1, 1]]
     client.close()
 
 
