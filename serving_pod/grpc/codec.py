@@ -44,6 +44,39 @@ def parameters_to_dict(params) -> dict[str, Any]:
     return out
 
 
+#: the shared-memory parameters of a tensor and the one InferParameter kind Triton takes for each
+_SHM_PARAMETER_KINDS = {
+    "shared_memory_region": "string_param",
+    "shared_memory_byte_size": "int64_param",
+    "shared_memory_offset": "int64_param",
+}
+
+
+def check_shared_memory_parameters(params, tensor: str) -> None:
+    """Triton's gRPC checks of a tensor's ``shared_memory_*`` parameters (kinds; no size or offset without a
+    region); the placement itself is checked by ``serving_pod.shm`` once the region is known."""
+    for key, kind in _SHM_PARAMETER_KINDS.items():
+        if key in params and params[key].WhichOneof("parameter_choice") != kind:
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter for tensor '{tensor}', expected {kind}."
+            )
+    if "shared_memory_region" not in params:
+        for key in ("shared_memory_byte_size", "shared_memory_offset"):
+            if key in params:
+                raise InvalidArgumentError(
+                    f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor '{tensor}'"
+                )
+
+
+def _output_parameters(params, name: str) -> dict[str, Any]:
+    check_shared_memory_parameters(params, name)
+    out = parameters_to_dict(params)
+    if "shared_memory_region" in out:
+        # 'binary_data' is an HTTP parameter: Triton's gRPC ignores it beside a region, HTTP refuses the pair
+        out.pop("binary_data", None)
+    return out
+
+
 def dict_to_parameters(values: dict[str, Any], target) -> None:
     for key, value in values.items():
         param = target[key]
@@ -73,7 +106,10 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
         datatypes.check_shape(f"input '{name}'", shape)
-        params = parameters_to_dict(item.parameters) if item.parameters else {}
+        params = {}
+        if item.parameters:
+            check_shared_memory_parameters(item.parameters, name)
+            params = parameters_to_dict(item.parameters)
         if raw:
             data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
         elif "shared_memory_region" in params:
@@ -89,7 +125,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     outputs = None
     if message.outputs:
         outputs = [
-            RequestedOutput(o.name, parameters_to_dict(o.parameters) if o.parameters else {})
+            RequestedOutput(o.name, _output_parameters(o.parameters, o.name) if o.parameters else {})
             for o in message.outputs
         ]
     return InferRequest(

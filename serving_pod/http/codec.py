@@ -149,6 +149,15 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidArgumentError(f"input '{name}': 'parameters' must be an object")
+    if ("data" in item) + (params.get("binary_data_size") is not None) + (params.get("shared_memory_region") is not None) != 1:
+        # Triton's words; a region used to win silently over 'data'
+        sources = [f"'{k}'" for k in ("data", "binary_data_size", "shared_memory_region")
+                   if (k in item if k == "data" else params.get(k) is not None)]
+        found = "set " + " ".join(sources) if sources else "no field is set"
+        raise InvalidArgumentError(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'. But {found}"
+        )
     size = params.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0:
@@ -164,8 +173,6 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     if "shared_memory_region" in params:
         # placeholder of the right shape, no memory; the engine reads the region into it
         return Tensor(name, datatype, np.broadcast_to(np.zeros((), dtype), shape_t), params), offset
-    if "data" not in item:
-        raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
     if datatype in ("FP16", "BF16"):
         raise InvalidArgumentError(
             f"input '{name}': datatype {datatype} is not supported in JSON; use binary tensor data"

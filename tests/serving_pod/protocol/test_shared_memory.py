@@ -1,7 +1,8 @@
 """System shared memory extension: tritonclient's shm utilities round-trip inputs and outputs over HTTP and gRPC.
 
-Also: region status/unregister through both protocols, outputs too large for their region, and
-perf_analyzer ``--shared-memory system`` (skipped when perf_analyzer cannot be installed here).
+Also: region status/unregister through both protocols, outputs too large for their region,
+perf_analyzer ``--shared-memory system`` (skipped when perf_analyzer cannot be installed here), and the
+answers once different from Triton 2.51's (found and compared in ``test_shared_memory_triton.py``).
 """
 
 from __future__ import annotations
@@ -152,3 +153,153 @@ def test_perf_analyzer_shared_memory_system(server, protocol):
     from support.perf_analyzer import check_shared_memory_run
 
     check_shared_memory_run(server, protocol, "system")
+
+
+# --- differences from Triton 2.51 found by test_shared_memory_triton.py, fixed in Ferry ----------------------
+
+def _grpc_stub(server):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    return service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+
+
+def _grpc_infer_request(params: dict, *, outputs=(), raw: bytes | None = None):
+    """``idt_int`` request whose INPUT0 has ``params`` ({key: (kind, value)}); ``outputs`` are (name, params)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="idt_int")
+    tensor = request.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    for key, (kind, value) in params.items():
+        setattr(tensor.parameters[key], kind, value)
+    for name, out_params in outputs:
+        out = request.outputs.add(name=name)
+        for key, (kind, value) in out_params.items():
+            setattr(out.parameters[key], kind, value)
+    if raw is not None:
+        request.raw_input_contents.append(raw)
+    return request
+
+
+def test_duplicate_region_name_is_400_over_http_and_already_exists_over_grpc(server, regions):
+    region = regions("dup", 64)
+    http, grpc_client = server.client("http"), server.client("grpc")
+    http.register_system_shared_memory("dup", _key(region), 64)
+    try:
+        with pytest.raises(InferenceServerException, match="shared memory region 'dup' already in manager") as info:
+            http.register_system_shared_memory("dup", _key(region), 64)
+        assert info.value.status() == "400"  # Triton's; was 409
+        with pytest.raises(InferenceServerException, match="already in manager") as info:
+            grpc_client.register_system_shared_memory("dup", _key(region), 64)
+        assert info.value.status() == "StatusCode.ALREADY_EXISTS"
+    finally:
+        http.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("data", list(range(16)), "set 'data' 'shared_memory_region'"),
+    ("binary_data_size", 64, "set 'binary_data_size' 'shared_memory_region'"),
+    ("shared_memory_region", None, "no field is set"),  # only shared_memory_offset / _byte_size: no region
+])
+def test_http_input_with_not_exactly_one_data_source_is_refused(server, regions, field, value, named):
+    import httpx
+
+    region = regions("in", 64)
+    shm.set_shared_memory_region(region, [np.arange(16, dtype=np.int32) + 100])
+    client = server.client("http")
+    client.register_system_shared_memory("in", _key(region), 64)
+    try:
+        tensor = {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16],
+                  "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 64}}
+        if field == "data":
+            tensor["data"] = value  # the region's bytes used to win silently
+        elif value is None:
+            del tensor["parameters"][field]
+        else:
+            tensor["parameters"][field] = value
+        response = httpx.post(f"http://{server.http_url}/v2/models/idt_int/infer", json={"inputs": [tensor]})
+        assert response.status_code == 400
+        assert response.json()["error"] == (
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'. But {named}"
+        )
+        infer_input = httpclient_input(server, "http", "in")
+        np.testing.assert_array_equal(client.infer("idt_int", [infer_input]).as_numpy("OUTPUT0")[0],
+                                      np.arange(16, dtype=np.int32) + 100)
+    finally:
+        client.unregister_system_shared_memory()
+
+
+def httpclient_input(server, protocol: str, region: str):
+    infer_input = server.module(protocol).InferInput("INPUT0", [1, 16], "INT32")
+    infer_input.set_shared_memory(region, 64)
+    return infer_input
+
+
+@pytest.mark.parametrize("key, kind, value, expected", [
+    ("shared_memory_byte_size", "uint64_param", 64, "int64_param"),  # was accepted
+    ("shared_memory_byte_size", "string_param", "64", "int64_param"),
+    ("shared_memory_offset", "bool_param", False, "int64_param"),
+    ("shared_memory_offset", "double_param", 0.0, "int64_param"),
+    ("shared_memory_region", "int64_param", 1, "string_param"),
+])
+def test_grpc_shared_memory_parameter_of_the_wrong_kind_is_refused(server, regions, key, kind, value, expected):
+    import grpc
+
+    region = regions("in", 64)
+    client = server.client("grpc")
+    client.register_system_shared_memory("in", _key(region), 64)
+    try:
+        params = {"shared_memory_region": ("string_param", "in"), "shared_memory_byte_size": ("int64_param", 64)}
+        params[key] = (kind, value)
+        for request in (_grpc_infer_request(params),
+                        _grpc_infer_request({}, outputs=[("OUTPUT0", params)], raw=bytes(64))):
+            with pytest.raises(grpc.RpcError) as info:
+                _grpc_stub(server).ModelInfer(request)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            tensor = "INPUT0" if request.inputs[0].parameters else "OUTPUT0"
+            assert info.value.details() == (
+                f"invalid value type for '{key}' parameter for tensor '{tensor}', expected {expected}."
+            )
+        client.infer("idt_int", [httpclient_input(server, "grpc", "in")])  # still serves
+    finally:
+        client.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("key", ["shared_memory_offset", "shared_memory_byte_size"])
+def test_grpc_offset_or_size_without_a_region_is_refused(server, key):
+    import grpc
+
+    # the input has its data in raw_input_contents: the stray parameter used to be ignored
+    request = _grpc_infer_request({key: ("int64_param", 0)}, raw=np.arange(16, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as info:
+        _grpc_stub(server).ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor 'INPUT0'"
+    )
+
+
+def test_grpc_output_in_shared_memory_ignores_binary_data(server, regions):
+    # binary_data is an HTTP parameter: Triton's gRPC ignores it, its HTTP refuses it beside a region
+    out_region = regions("out", 64)
+    client = server.client("grpc")
+    client.register_system_shared_memory("out", _key(out_region), 64)
+    try:
+        data = np.arange(16, dtype=np.int32) * 3
+        out_params = {"shared_memory_region": ("string_param", "out"), "shared_memory_byte_size": ("int64_param", 64),
+                      "binary_data": ("bool_param", True)}
+        response = _grpc_stub(server).ModelInfer(
+            _grpc_infer_request({}, outputs=[("OUTPUT0", out_params)], raw=data.tobytes()))
+        assert list(response.raw_output_contents) == [b""]
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(out_region, np.int32, [16]), data)
+        import httpx
+
+        body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": data.tolist()}],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "out",
+                                                               "shared_memory_byte_size": 64, "binary_data": True}}]}
+        response = httpx.post(f"http://{server.http_url}/v2/models/idt_int/infer", json=body)
+        assert response.status_code == 400
+        assert "can't set both 'shared_memory_region' and 'binary_data'" in response.json()["error"]
+    finally:
+        client.unregister_system_shared_memory()
