@@ -71,7 +71,7 @@ def parameters_json(parameters: dict[str, Any], custom_reserved: dict[str, Any] 
     custom = {k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS}
     if custom_reserved:
         custom.update(custom_reserved)
-    return json.dumps(custom)
+    return json.dumps(custom, separators=(",", ":"))  # compact, as Triton's
 
 
 class ResponseLink:
@@ -236,6 +236,11 @@ def bls_exec(engine: Any, request: InferRequest, decoupled: bool) -> Any:
         request.model_name, request.model_version, request.inputs, request.outputs,
         request.id, dict(request.parameters), custom_reserved=request.custom_reserved,
     )
+    refused = bls_refusal(engine, call, decoupled)
+    if refused is not None:
+        if decoupled:
+            return pb_utils.ResponseIterator([refused], pb_response, None)
+        return pb_utils.InferenceResponse(error=triton_error(refused))
     if decoupled:
         call.cancelled = getattr(engine, "new_cancel_event", threading.Event)()
         try:
@@ -248,3 +253,36 @@ def bls_exec(engine: Any, request: InferRequest, decoupled: bool) -> Any:
     except Exception as exc:
         return pb_utils.InferenceResponse(error=triton_error(exc))
 
+
+
+def bls_refusal(engine: Any, call: InferRequest, decoupled: bool) -> errors.ServerError | None:
+    """Triton's error for a BLS request refused before the called model runs, or None.
+
+    Triton's python backend words a request that ``TRITONSERVER_ServerInferAsync`` refuses as
+    ``Model <name> - Error when running inference: <why>``, always with code INTERNAL; a missing
+    model is "not ready" there, and a decoupled model called without ``decoupled=True`` gets its
+    own hint. Errors from the called model's execution keep their own message.
+    """
+    registry = getattr(engine, "registry", None)
+    if registry is None:  # an engine proxy: the server's side of an isolated instance checks (``python_isolated``)
+        return None
+    prefix = f"Model {call.model_name} - Error when running inference: "
+    try:
+        model = registry.get(call.model_name, call.model_version)
+    except (errors.NotFoundError, errors.UnavailableError):
+        return errors.InternalError(
+            f"{prefix}Failed for execute the inference request. Model '{call.model_name}' is not ready."
+        )
+    except errors.ServerError as exc:
+        return errors.InternalError(prefix + exc.message)
+    if model.decoupled and not decoupled:
+        return errors.InternalError(
+            f"{prefix}Model {call.model_name} is using the decoupled. The current BLS request call doesn't "
+            "support models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
+            "the 'exec' or 'async_exec' calls for decoupled models.'"
+        )
+    try:
+        model.validate(call)
+    except errors.ServerError as exc:
+        return errors.InternalError(prefix + exc.message)
+    return None

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Awaitable
 
-from serving_pod.backends import pb_metrics, pb_model_loader
+from serving_pod.backends import pb_metrics, pb_model_loader, python_bridge
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
 from serving_pod.core import errors
@@ -351,6 +351,9 @@ class IsolatedInstance:
                     f"BLS request to model '{request.model_name}' failed: this python model instance "
                     "is not attached to an inference engine"
                 )
+            refused = python_bridge.bls_refusal(self._engine, request, False)
+            if refused is not None:
+                raise refused
             return response_to_wire(self._engine.infer_from_thread(request))
         raise ValueError(f"unknown call '{kind}'")
 
@@ -384,6 +387,9 @@ class IsolatedInstance:
                     f"BLS request to model '{request.model_name}' failed: this python model "
                     "instance is not attached to an inference engine"
                 )
+            refused = python_bridge.bls_refusal(self._engine, request, True)
+            if refused is not None:
+                raise refused
             for item in self._engine.stream_from_thread(request):
                 channel.post("stream_item", key, result_to_wire(item))
             channel.post("stream_end", key, None)

@@ -292,10 +292,7 @@ class PythonModelInstance:
                 future = self._background_loop().submit(result)
                 future.add_done_callback(lambda f: self._background_done(f, pb_requests))
             elif result is not None:
-                raise pb_utils.TritonModelException(
-                    f"Python model '{self._spec.model_name}' is using the decoupled mode and the "
-                    "execute function must return None."
-                )
+                self._fail_open(pb_requests, self._returned_a_value())
         except BaseException as exc:
             self._fail_open(pb_requests, exc)
         return answers
@@ -307,15 +304,17 @@ class PythonModelInstance:
         if exc is not None:
             self._fail_open(pb_requests, exc)
         elif future.result() is not None:
-            self._fail_open(pb_requests, pb_utils.TritonModelException(
-                f"Python model '{self._spec.model_name}' is using the decoupled mode and the "
-                "execute function must return None."
-            ))
+            self._fail_open(pb_requests, self._returned_a_value())
 
-    def _fail_open(self, pb_requests: list[pb_utils.InferenceRequest], exc: BaseException) -> None:
-        """Deliver a final error to every request whose sender is still open."""
+    def _returned_a_value(self) -> str:
+        """Triton's wording (instance name, no exception type) for a decoupled execute that returns a value."""
+        return (f"Python model '{self._spec.instance_name}' is using the decoupled mode and the "
+                "execute function must return None.")
+
+    def _fail_open(self, pb_requests: list[pb_utils.InferenceRequest], exc: BaseException | str) -> None:
+        """Deliver a final error to every request whose sender is still open (``exc``: as ``_message``)."""
         message = self._message(exc)
-        _log.error("%s", message, exc_info=exc)
+        _log.error("%s", message, exc_info=None if isinstance(exc, str) else exc)
         for pb_request in pb_requests:
             sender = pb_request.get_response_sender()
             with sender._lock:

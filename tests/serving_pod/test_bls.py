@@ -86,7 +86,8 @@ def test_bls_custom_parameters_named_like_reserved_ones_reach_the_called_model(s
 def test_bls_error_reaches_the_client(server) -> None:
     with pytest.raises(InferenceServerException) as error:
         _call(server, "http", "missing", [1, 2, 3, 4])
-    assert "BLS failed: Request for unknown model: 'no_such_model' is not found" in str(error.value)
+    assert ("BLS failed: Model no_such_model - Error when running inference: Failed for execute the inference "
+            "request. Model 'no_such_model' is not ready.") in str(error.value)  # Triton 2.51's words
 
 
 def test_bls_calls_are_charged_to_the_called_models(server) -> None:

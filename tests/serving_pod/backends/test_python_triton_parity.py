@@ -1,0 +1,168 @@
+"""Python backend APIs that a model sees worded as NVIDIA Triton 2.51 words them.
+
+A differential hunt ran the same ``model.py`` files on Triton 2.51 and on Ferry; these cases are the
+differences fixed: the JSON of ``request.parameters()`` (compact), BLS requests refused before the
+called model runs (``Model <name> - Error when running inference: ...``, code INTERNAL) and a decoupled
+``execute`` that returns a value (the instance's name, no exception type). Served over HTTP and gRPC
+(the streaming RPC for the decoupled model), and side by side with Triton where it can be had.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from support.server import write_model
+
+ECHO_CONFIG = """
+name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# mode 0: the request's parameters; 1..3: a BLS request refused before the called model runs
+ECHO_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def bls(model, name="MODE"):
+    request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["TEXT"],
+                                        inputs=[pb_utils.Tensor(name, np.array([0], np.int32))])
+    error = request.exec().error()
+    return f"{error.code() == pb_utils.TritonError.INTERNAL}|{error.message()}"
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            text = [request.parameters, lambda: bls("missing"), lambda: bls("echo", "WRONG"),
+                    lambda: bls("dec")][mode]()
+            answers.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("TEXT", np.array([text.encode()], dtype=np.object_))]))
+        return answers
+'''
+
+DEC_CONFIG = """
+name: "dec"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+DEC_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", np.array([b"x"], dtype=np.object_))])]
+'''
+
+_PREFIX = "True|Model {0} - Error when running inference: "
+EXPECTED = [
+    '{"pk":"pv"}',
+    _PREFIX.format("missing") + "Failed for execute the inference request. Model 'missing' is not ready.",
+    _PREFIX.format("echo") + "unexpected inference input 'WRONG' for model 'echo'",
+    _PREFIX.format("dec") + "Model dec is using the decoupled. The current BLS request call doesn't support "
+    "models using the decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+    "'async_exec' calls for decoupled models.'",
+]
+RETURNED = ("Failed to process the request(s) for model 'dec_0', message: Python model 'dec_0' is using the "
+            "decoupled mode and the execute function must return None.")
+
+
+ISOLATED = 'parameters { key: "FERRY_ISOLATED" value { string_value: "true" } }\n'
+
+
+def _repository(root: Path, extra: str = "") -> Path:
+    write_model(root, "echo", ECHO_CONFIG + extra, {"1/model.py": ECHO_MODEL})
+    write_model(root, "dec", DEC_CONFIG + extra, {"1/model.py": DEC_MODEL})
+    return root
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _repository(tmp_path_factory.mktemp("parity"))
+
+
+@pytest.fixture(scope="module")
+def isolated_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same models, each instance in its own process (BLS calls cross to the server's engine)."""
+    return _repository(tmp_path_factory.mktemp("parity_isolated"), ISOLATED)
+
+
+def _texts(client: Any, module: Any) -> list[str]:
+    texts = []
+    for mode in range(len(EXPECTED)):
+        tensor = module.InferInput("MODE", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([mode], np.int32))
+        result = client.infer("echo", [tensor], parameters={"pk": "pv"})
+        texts.append(result.as_numpy("TEXT")[0].decode())
+    return texts
+
+
+def _stream_error(grpc_url: str) -> str:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("MODE", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([0], np.int32))
+        client.async_stream_infer("dec", [tensor])
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert result is None
+    return error.message()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_parameters_and_bls_refusals_are_worded_as_in_triton(threaded_server: Any, repository: Path,
+                                                              protocol: str) -> None:
+    server = threaded_server([repository])
+    assert _texts(server.client(protocol), server.module(protocol)) == EXPECTED
+
+
+def test_isolated_instances_word_them_the_same(threaded_server: Any, isolated_repository: Path) -> None:
+    server = threaded_server([isolated_repository])
+    assert _texts(server.client("grpc"), server.module("grpc")) == EXPECTED
+    assert _stream_error(server.grpc_url) == RETURNED
+
+
+def test_a_decoupled_execute_returning_a_value_is_worded_as_in_triton(threaded_server: Any,
+                                                                      repository: Path) -> None:
+    server = threaded_server([repository])
+    assert _stream_error(server.grpc_url) == RETURNED
+    assert _texts(server.client("grpc"), server.module("grpc"))[0] == EXPECTED[0]  # the server goes on
+
+
+def _answers(http_url: str, grpc_url: str) -> list[Any]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    return [_texts(httpclient.InferenceServerClient(http_url, network_timeout=60.0), httpclient),
+            _texts(grpcclient.InferenceServerClient(grpc_url), grpcclient), _stream_error(grpc_url)]
+
+
+def test_the_same_models_answer_the_same_on_nvidia_triton(threaded_server: Any, repository: Path) -> None:
+    """Side by side with Triton 2.51 (skipped where it cannot be had): the same answers, and the ones above."""
+    from support.triton import running_triton
+
+    with running_triton(repository, ["echo", "dec"]) as (http, grpc, _):
+        triton = _answers(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
+    server = threaded_server([repository])
+    assert _answers(server.http_url, server.grpc_url) == triton == [EXPECTED, EXPECTED, RETURNED]
