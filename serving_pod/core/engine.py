@@ -289,7 +289,8 @@ class Engine:
 
         Every streamed response gets the same output handling as a unary one (``outputs.finish``).
         A response that fails it is yielded as its ``ServerError`` and the stream goes on, as
-        Triton sends a per-response error; an error from the model itself ends the stream (raised).
+        Triton sends a per-response error; so is an error response the model sends without the final
+        flag (more may follow). An error that is the request's last response ends the stream (raised).
         """
         model = self.registry.get(request.model_name, request.model_version)
         if not model.decoupled:
@@ -325,8 +326,10 @@ class Engine:
                     latency.responded(time.monotonic_ns() - request.arrival_ns)
                     latency = None
                 if isinstance(item, ServerError):
-                    final = True
-                    raise item
+                    if final:
+                        raise item  # the request's last response: the error ends its stream
+                    yield item  # an error response the model sent before more (Triton streams both)
+                    continue
                 if item is not None:
                     item.final = final
                     if plan is not None:

@@ -137,8 +137,11 @@ def _error_object(error: ServerError) -> bytes:
     return error_body(error)[1]
 
 
-def _is_response(item: InferResponse) -> bool:
-    """False for the flag-only completion a decoupled model sends last (no response in Triton's terms)."""
+def _is_response(item: InferResponse | ServerError) -> bool:
+    """False for the flag-only completion a decoupled model sends last (no response in Triton's terms); an
+    error response (the engine streams those a model sends before more) is raised: it ends a generate stream."""
+    if isinstance(item, ServerError):
+        raise item
     return bool(item.outputs or item.parameters or not item.final)
 
 

@@ -153,6 +153,21 @@ def test_errors_arrive_in_stream_and_the_stream_goes_on(server) -> None:
     stream.close()
 
 
+def test_an_error_response_between_responses_is_streamed_and_the_rest_follow(server) -> None:
+    """As Triton: a non-final error response a model sends reaches the client, then its later responses."""
+    stream = Stream(server)
+    stream.send("dec_counter", "COUNT", 1, parameters={"mode": "error_between"}, request_id="between")
+    first, error, second = stream.take(3)
+    assert int(first.as_numpy("OUT")[0]) == 0 and not _final(first)
+    assert isinstance(error, InferenceServerException) and "an error between two responses" in str(error)
+    assert int(second.as_numpy("OUT")[0]) == 1
+    stream.assert_quiet()  # the flag-only final is not sent without triton_enable_empty_final_response
+    stream.send("dec_counter", "COUNT", 1)  # the stream goes on
+    (ok,) = stream.take(1)
+    assert int(ok.as_numpy("OUT")[0]) == 0
+    stream.close()
+
+
 def test_http_infer_on_decoupled_model_is_refused(server) -> None:
     import tritonclient.http as httpclient
 

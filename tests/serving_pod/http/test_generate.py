@@ -286,3 +286,26 @@ async def test_an_unencodable_generate_response_is_an_error_object():
     assert answer == (200, generate.JSON, BAD_PARAMETER[6:-2])
     answer = await generate.answer_generate(_OneResponseEngine({"ok": 1}), b'{"X": 1}', "m", "", 1 << 20, False)
     assert answer == (200, generate.JSON, b'{"I":0,"model_name":"m","model_version":"1","ok":1}')
+
+
+async def test_an_error_response_before_more_ends_the_event_stream_with_an_error_event():
+    """The engine streams a model's non-final error response (gRPC clients get the responses after it); a
+    generate stream ends at it with an error event, as it ends at the model's final error."""
+    from serving_pod.core.errors import InvalidArgumentError
+
+    closed: list[bool] = []
+
+    async def stream():
+        try:
+            yield InferResponse("m", "1", [Tensor("I", "INT32", np.array([0], np.int32))])
+            yield InvalidArgumentError("an error between two responses")
+            yield InferResponse("m", "1", [Tensor("I", "INT32", np.array([1], np.int32))])
+        finally:
+            closed.append(True)
+
+    responses = stream()
+    first = await responses.__anext__()
+    events = [event async for event in generate._events(first, responses)]
+    assert events == [b'data: {"I":0,"model_name":"m","model_version":"1"}\n\n',
+                      b'data: {"error":"an error between two responses"}\n\n']
+    assert closed == [True]

@@ -3,6 +3,7 @@
 - "count" (default): COUNT responses OUT = 0..COUNT-1, then a flag-only final response;
 - "final_with_data": the last of the COUNT responses carries the final flag itself;
 - "raise": execute raises (the error reaches the client in the stream);
+- "error_between": OUT = 0, an error response (not final), OUT = 1, then the final flag;
 - "until_cancelled": one response, then wait (on a thread) until the request is cancelled, write
   "cancelled" to the file named by parameter "marker" and close the stream.
 """
@@ -26,6 +27,12 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             if mode == "raise":
                 raise pb_utils.TritonModelException(f"asked to fail after {count}")
+            if mode == "error_between":
+                sender.send(self._out(0))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("an error between two responses")))
+                sender.send(self._out(1))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             if mode == "until_cancelled":
                 sender.send(self._out(0))
                 thread = threading.Thread(target=self._wait_cancel, args=(request, params["marker"]))
