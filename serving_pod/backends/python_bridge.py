@@ -31,7 +31,7 @@ RESERVED_PARAMETERS = frozenset(
 )
 
 _CODE_TO_ERROR: dict[int, type[errors.ServerError]] = {
-    pb_utils.TritonError.UNKNOWN: errors.InternalError,
+    pb_utils.TritonError.UNKNOWN: errors.UnknownError,
     pb_utils.TritonError.INTERNAL: errors.InternalError,
     pb_utils.TritonError.NOT_FOUND: errors.NotFoundError,
     pb_utils.TritonError.INVALID_ARG: errors.InvalidArgumentError,
@@ -41,6 +41,7 @@ _CODE_TO_ERROR: dict[int, type[errors.ServerError]] = {
     pb_utils.TritonError.CANCELLED: errors.CancelledError,
 }
 _ERROR_TO_CODE: dict[str, int] = {
+    "UNKNOWN": pb_utils.TritonError.UNKNOWN,
     "INTERNAL": pb_utils.TritonError.INTERNAL,
     "NOT_FOUND": pb_utils.TritonError.NOT_FOUND,
     "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,

@@ -54,6 +54,12 @@ class CancelledError(ServerError):
     code = "CANCELLED"
 
 
+class UnknownError(ServerError):
+    """Triton's TRITONSERVER_ERROR_UNKNOWN (a python model's ``pb_utils.TritonError.UNKNOWN``)."""
+
+    code = "UNKNOWN"
+
+
 class ModelLoadError(ServerError):
     """A model failed to load: bad config, missing files, backend failure."""
 
@@ -67,8 +73,10 @@ STATUS_TABLE: dict[str, tuple[int, str]] = {
     "UNAVAILABLE": (503, "UNAVAILABLE"),
     "INTERNAL": (500, "INTERNAL"),
     "UNSUPPORTED": (501, "UNIMPLEMENTED"),
-    "ALREADY_EXISTS": (409, "ALREADY_EXISTS"),
-    "CANCELLED": (499, "CANCELLED"),
+    # tritonserver's HTTP front end answers 400 for these three (HttpCodeFromError), gRPC keeps each code
+    "ALREADY_EXISTS": (400, "ALREADY_EXISTS"),
+    "CANCELLED": (400, "CANCELLED"),
+    "UNKNOWN": (400, "UNKNOWN"),
 }
 
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import AlreadyExistsError, InvalidArgumentError
+from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.http.codec import decode_base64
 from serving_pod.http.responses import json_body, json_response
 from serving_pod.shm import CUDA, SYSTEM
@@ -52,10 +52,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
             raise InvalidArgumentError("Shared memory register request: 'key' must be a string")
         offset = _uint(body, "offset", required=False, what="Shared memory")
         byte_size = _uint(body, "byte_size", required=True, what="Shared memory")
-        try:
-            shm.register_system(region, key, offset, byte_size)
-        except AlreadyExistsError as error:  # Triton's HTTP answer is 400 (its gRPC one ALREADY_EXISTS)
-            raise InvalidArgumentError(error.message) from None
+        shm.register_system(region, key, offset, byte_size)  # a duplicate name: ALREADY_EXISTS, HTTP 400 (Triton's)
         return Response(status_code=200)
 
     @app.post("/v2/systemsharedmemory/unregister")

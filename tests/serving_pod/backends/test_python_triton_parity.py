@@ -166,3 +166,54 @@ def test_the_same_models_answer_the_same_on_nvidia_triton(threaded_server: Any, 
         triton = _answers(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
     server = threaded_server([repository])
     assert _answers(server.http_url, server.grpc_url) == triton == [EXPECTED, EXPECTED, RETURNED]
+
+
+CODE_CONFIG = """
+name: "code"
+backend: "python"
+max_batch_size: 0
+input [ { name: "CODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+CODE_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            "failed with a code", int(pb_utils.get_input_tensor_by_name(r, "CODE").as_numpy()[0]))) for r in requests]
+'''
+
+#: pb_utils.TritonError code -> (tritonserver's HTTP status, its gRPC code): HttpCodeFromError answers 400 for
+#: UNKNOWN, ALREADY_EXISTS and CANCELLED
+TRITON_STATUS = {"UNKNOWN": (400, "UNKNOWN"), "INTERNAL": (500, "INTERNAL"), "NOT_FOUND": (404, "NOT_FOUND"),
+                 "INVALID_ARG": (400, "INVALID_ARGUMENT"), "UNAVAILABLE": (503, "UNAVAILABLE"),
+                 "UNSUPPORTED": (501, "UNIMPLEMENTED"), "ALREADY_EXISTS": (400, "ALREADY_EXISTS"),
+                 "CANCELLED": (400, "CANCELLED")}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_each_triton_error_code_reaches_the_client_with_tritons_status(threaded_server: Any, tmp_path: Path,
+                                                                       protocol: str) -> None:
+    import httpx
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from serving_pod.backends import pb_utils
+
+    write_model(tmp_path, "code", CODE_CONFIG, {"1/model.py": CODE_MODEL})
+    server = threaded_server([tmp_path])
+    for name, (status, grpc_code) in TRITON_STATUS.items():
+        code = getattr(pb_utils.TritonError, name)
+        if protocol == "http":
+            body = {"inputs": [{"name": "CODE", "datatype": "INT32", "shape": [1], "data": [code]}]}
+            answer = httpx.post(f"http://{server.http_url}/v2/models/code/infer", json=body, timeout=30)
+            assert (answer.status_code, answer.json()) == (status, {"error": "failed with a code"}), name
+        else:
+            tensor = grpcclient.InferInput("CODE", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([code], np.int32))
+            with pytest.raises(InferenceServerException) as raised:
+                server.client("grpc").infer("code", [tensor])
+            assert raised.value.status() == f"StatusCode.{grpc_code}" and "failed with a code" in str(raised.value), name
