@@ -72,6 +72,17 @@ class Stream:
         self.client.close()
 
 
+def _marker_text(marker: Path, timeout: float = 10.0) -> str:
+    """What the model wrote to ``marker``, once it has written something ("" after ``timeout``). The model opens
+    the file before it writes, so the file can exist and still be empty for a moment."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if marker.exists() and (text := marker.read_text()):
+            return text
+        time.sleep(0.02)
+    return marker.read_text() if marker.exists() else ""
+
+
 def _final(result) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
@@ -193,10 +204,7 @@ def test_model_sees_cancellation_when_the_client_goes_away(server, tmp_path) -> 
     (first,) = stream.take(1)
     assert int(first.as_numpy("OUT")[0]) == 0
     stream.close(cancel=True)
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert marker.exists() and marker.read_text() == "cancelled"
+    assert _marker_text(marker) == "cancelled"
 
 
 def test_unary_request_cancelled_when_the_client_gives_up(server, tmp_path) -> None:
@@ -208,10 +216,7 @@ def test_unary_request_cancelled_when_the_client_gives_up(server, tmp_path) -> N
     with pytest.raises(InferenceServerException, match="Deadline"):
         client.infer("wait_cancel", [tensor], parameters={"marker": str(marker)}, client_timeout=0.5)
     client.close()
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert marker.exists() and marker.read_text() == "cancelled"
+    assert _marker_text(marker) == "cancelled"
 
 
 def test_sequences_over_a_stream(server) -> None:
