@@ -18,13 +18,14 @@ import pytest
 
 from support.server import write_model
 
-ECHO_CONFIG = """
-name: "echo"
-backend: "python"
-max_batch_size: 0
-input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
+def _config(name: str, input_: str, output: str, output_type: str = "TYPE_STRING", extra: str = "") -> str:
+    """config.pbtxt of a python model with one INT32[1] input and one [1] output (no batching)."""
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{extra}'
+            f'input [ {{ name: "{input_}" data_type: TYPE_INT32 dims: [ 1 ] }} ]\n'
+            f'output [ {{ name: "{output}" data_type: {output_type} dims: [ 1 ] }} ]\n')
+
+
+ECHO_CONFIG = _config("echo", "MODE", "TEXT")
 
 # mode 0: the request's parameters; 1..3: a BLS request refused before the called model runs
 ECHO_MODEL = '''
@@ -51,14 +52,7 @@ class TritonPythonModel:
         return answers
 '''
 
-DEC_CONFIG = """
-name: "dec"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
+DEC_CONFIG = _config("dec", "MODE", "TEXT", extra="model_transaction_policy { decoupled: true }\n")
 
 DEC_MODEL = '''
 import numpy as np
@@ -168,13 +162,7 @@ def test_the_same_models_answer_the_same_on_nvidia_triton(threaded_server: Any, 
     assert _answers(server.http_url, server.grpc_url) == triton == [EXPECTED, EXPECTED, RETURNED]
 
 
-CODE_CONFIG = """
-name: "code"
-backend: "python"
-max_batch_size: 0
-input [ { name: "CODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+CODE_CONFIG = _config("code", "CODE", "OUT", output_type="TYPE_INT32")
 
 CODE_MODEL = '''
 import triton_python_backend_utils as pb_utils
