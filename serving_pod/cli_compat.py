@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from serving_pod.cli_extensions import number, parse_bool
 from serving_pod.core.latency_metrics import parse_metrics_config
+from serving_pod.repository.instance_groups import MIN_COMPUTE_CAPABILITY
 
 
 def _device_value(kind: type) -> Callable[[str], str]:
@@ -125,8 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP headers whose name (as sent) matches this regular expression become request parameters")
     add("--grpc-header-forward-pattern", type=_regex, default="",
         help="gRPC metadata whose name matches this regular expression becomes request parameters")
-    add("--min-supported-compute-capability", type=number(float), default=6.0,
-        help="GPUs of a lower CUDA compute capability are not used for KIND_GPU / KIND_AUTO instances (default 6.0)")
+    add("--min-supported-compute-capability", type=number(float), default=MIN_COMPUTE_CAPABILITY,
+        help="GPUs of a lower CUDA compute capability are not used for KIND_GPU / KIND_AUTO instances "
+             f"(default {MIN_COMPUTE_CAPABILITY})")
     add("--model-load-retry-count", type=number(int), default=0,
         help="further attempts at creating a model version's instances when one fails (default 0)")
     add("--metrics-config", action="append", default=[], type=_setting, metavar="SETTING=VALUE",

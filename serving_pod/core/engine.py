@@ -29,6 +29,7 @@ from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry, parse_version
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
+from serving_pod.repository.instance_groups import MIN_COMPUTE_CAPABILITY
 from serving_pod.repository.repository import ModelRepository, open_root
 from serving_pod.logging_settings import LogSettings
 from serving_pod.shm import SharedMemoryManager
@@ -69,7 +70,7 @@ class EngineOptions:
     #: the kind of instance groups that say KIND_AUTO (or no group at all): KIND_AUTO, KIND_CPU, KIND_GPU
     default_instance_kind: str = "KIND_AUTO"
     #: ``--min-supported-compute-capability``: GPUs below it are not visible to instance groups
-    min_compute_capability: float = 6.0
+    min_compute_capability: float = MIN_COMPUTE_CAPABILITY
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     server_id: str = "triton"
     #: ``--cache-config <cache>,<key>=<value>`` settings by cache name (only "local": size=<bytes>)
