@@ -14,7 +14,7 @@ would otherwise be measured batched and reported as unbatched. The server is onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serving_pod.analyzer.checkpoint import Checkpoint
@@ -79,8 +79,8 @@ class ModelRunner:
         """Compare the point the server serves with ``candidate``'s. The model's own config is measured as served
         (a different point is noted in the checkpoint, so re-ranking keeps saying it); any other candidate served
         elsewhere is a ``LoadError``."""
-        point = candidate.point
-        elsewhere = actual != point.normalized()
+        point, actual = candidate.point, _batcher_default(actual)
+        elsewhere = actual != _batcher_default(point.normalized())
         if candidate.key == self.default_key:
             entry = self.checkpoint.model(self.model)
             if elsewhere:
@@ -123,3 +123,11 @@ class ModelRunner:
         client = self.session.client()
         client.load(self.model) if self.was_ready else client.unload(self.model)
         self.loaded_key = None
+
+
+def _batcher_default(point: ConfigPoint) -> ConfigPoint:
+    """``point`` with preferred sizes [max_batch_size] read as none: the same batcher, and what Triton serves for a
+    dynamic batcher configured without preferred sizes."""
+    if point.preferred_batch_sizes == (point.max_batch_size,):
+        return replace(point, preferred_batch_sizes=())
+    return point

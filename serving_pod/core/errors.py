@@ -17,6 +17,12 @@ class ServerError(Exception):
     """Base of every error the engine reports to a client."""
 
     code: ClassVar[str] = "INTERNAL"
+    #: the engine refused the request before it was queued: no model could be had for it, or it did not suit the
+    #: model (``Engine._admit``). BLS calls and the generate routes word such errors as Triton does.
+    refused_before_queue: bool = False
+    #: a model answered its request with this error (a python model's ``InferenceResponse(error=...)``): the
+    #: execution succeeded, and Triton counts the request a success in its statistics
+    sent_as_response: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -44,6 +50,10 @@ class InternalError(ServerError):
 
 class UnsupportedError(ServerError):
     code = "UNSUPPORTED"
+
+
+class DecoupledModelError(UnsupportedError):
+    """A decoupled model asked for one response (not over a stream); each front end words it as Triton's does."""
 
 
 class AlreadyExistsError(ServerError):

@@ -7,8 +7,10 @@ are finalized and the versions it assembled leave the rate limiter. Unloading dr
 scheduler before finalizing its instances.
 
 As Triton, ensembles follow their composing models: unloading a model unloads the ensembles whose steps
-name it (and theirs), which load again once all their composing models are READY; reloading a composing
-model reloads the READY ensembles over it. An ensemble unloaded on purpose stays unloaded.
+name it (and theirs), which load again once all their composing models are READY (as they were loaded: a
+load-time config override stays); reloading a composing model reloads the READY ensembles over it. An ensemble
+unloaded on purpose stays unloaded. Ensembles over each other, loaded at once, fail instead of waiting for each
+other forever.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ def parse_version(version: str) -> int:
     return number
 
 
+def _ready_version(ready: list[Model], version: str) -> Model | None:
+    for model in ready:
+        if model.version_str == version:
+            return model
+    return None
+
+
 def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
     for _, _, pools in built:
         if pools:
@@ -104,6 +113,10 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: an ensemble unloaded with a composing model: its steps' models, all READY again -> it loads again
     awaiting: frozenset[str] = frozenset()
+    #: how its READY versions were loaded (a load-time config override, a file-override directory): loading it
+    #: again because a composing model came back loads it the same way, as Triton keeps a model's info
+    config_override: str | None = None
+    override_dir: Path | None = None
 
 
 class ModelRegistry:
@@ -135,30 +148,32 @@ class ModelRegistry:
         self.min_compute_capability = min_compute_capability
         self.engine = engine
         self.entries: dict[str, ModelEntry] = {}
+        #: ensemble being loaded -> the model its load waits for (a step's load, its own or one under way)
+        self._waits: dict[str, str] = {}
         self.on_change: list[Callable[[], None]] = []
 
     # --- look-ups on the request path -------------------------------------------------------
     def get(self, name: str, version: str = "") -> Model:
         """The READY model version for a request; Triton's errors otherwise."""
         entry = self.entries.get(name)
-        if version and entry is not None:
-            for model in entry.ready:
-                if model.version_str == version:
-                    return model
-        if version:  # as Triton: a bad version string is refused before the model is looked up
-            version = str(parse_version(version))
-        if entry is None or not entry.ready:
+        ready = entry.ready if entry is not None else []
+        if version:
+            model = _ready_version(ready, version)  # as asked ("3"): the usual case, parsed no further
+            if model is not None:
+                return model
+            version = str(parse_version(version))  # as Triton: a bad version string is refused before the look-up
+        elif ready:
+            return ready[0]
+        if not ready:
             if entry is None or not entry.versions:
                 raise unknown_model(name)
             if version and int(version) not in entry.versions:
                 raise unknown_version(name, version)  # as Triton: a version never loaded is not found
             raise model_not_ready(name, version or None)
-        if not version:
-            return entry.ready[0]
-        for model in entry.ready:
-            if model.version_str == version:
-                return model
-        raise unknown_version(name, version)
+        model = _ready_version(ready, version)  # as Triton reads it ("03" -> "3")
+        if model is None:
+            raise unknown_version(name, version)
+        return model
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -211,19 +226,22 @@ class ModelRegistry:
         model_dir: Path | None = None,
         source: ModelSource | None = None,
     ) -> None:
-        """Load (or reload) ``name``; raises ModelLoadError and keeps old versions serving on failure."""
-        if model_dir is None:
-            if source is None:
-                sources, duplicates = await asyncio.to_thread(self.repository.scan)
-                if name in duplicates:
-                    raise ModelLoadError(duplicates[name])
-                source = sources.get(name)
-                if source is None:
-                    # Triton's status for a name its repositories do not hold: INTERNAL (HTTP 500), not NOT_FOUND
-                    raise InternalError(f"failed to load '{name}', failed to poll from model repository")
-            model_dir = source.path
-        entry = self.entries.setdefault(name, ModelEntry(name))
+        """Load (or reload) ``name``; raises ModelLoadError and keeps old versions serving on failure.
+
+        The entry and its lock are taken before the repository is scanned, so an ensemble loading at the same
+        time sees this load under way and waits for it instead of loading the model a second time."""
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = self.entries[name] = ModelEntry(name)
+        override_dir = model_dir
         async with entry.lock:
+            if model_dir is None:
+                try:
+                    model_dir, source = await self._locate(name, source)
+                except ServerError:
+                    if not entry.versions and self.entries.get(name) is entry:
+                        del self.entries[name]  # nothing of it was ever loaded: no trace in the index
+                    raise
             entry.awaiting = frozenset()  # loading now: no longer waits for its composing models
             first_load = not entry.ready
             if first_load:
@@ -258,6 +276,7 @@ class ModelRegistry:
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
             entry.signature = source.signature if source else ""
+            entry.config_override, entry.override_dir = config_override, override_dir
             for model in old:
                 entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
             await self._retire(old)
@@ -267,6 +286,18 @@ class ModelRegistry:
             log.info("loaded '%s' versions %s", name, [m.version for m in entry.ready])
         self._changed()
         await self._load_dependents(name, reloaded=not first_load)
+
+    async def _locate(self, name: str, source: ModelSource | None) -> tuple[Path, ModelSource]:
+        """The repository's directory of ``name`` (``source`` when the caller scanned already)."""
+        if source is None:
+            sources, duplicates = await asyncio.to_thread(self.repository.scan)
+            if name in duplicates:
+                raise ModelLoadError(duplicates[name])
+            source = sources.get(name)
+            if source is None:
+                # Triton's status for a name its repositories do not hold: INTERNAL (HTTP 500), not NOT_FOUND
+                raise InternalError(f"failed to load '{name}', failed to poll from model repository")
+        return source.path, source
 
     async def unload(self, name: str) -> None:
         """Unload ``name`` and, as Triton, the ensembles over it (module docstring)."""
@@ -427,18 +458,22 @@ class ModelRegistry:
                         f"ensemble '{config.name}' {step.label}: ensembles form a cycle through "
                         f"'{step.model_name}' ({' -> '.join(chain + (config.name, step.model_name))})"
                     )
-                entry = self.entries.get(step.model_name)
-                if entry is not None and not entry.ready and entry.lock.locked():
-                    async with entry.lock:  # being loaded by someone else: wait for that load
-                        pass
-                if entry is None or not entry.ready:
-                    try:
+                self._wait_for(config.name, step)
+                try:
+                    entry = self.entries.get(step.model_name)
+                    if entry is not None and not entry.ready and entry.lock.locked():
+                        async with entry.lock:  # being loaded by someone else: wait for that load
+                            pass
+                        entry = self.entries.get(step.model_name)
+                    if entry is None or not entry.ready:
                         await self.load(step.model_name)
-                    except ServerError as exc:
-                        raise ModelLoadError(
-                            f"ensemble '{config.name}' {step.label}: composing model "
-                            f"'{step.model_name}' failed to load: {exc}"
-                        ) from None
+                except ServerError as exc:
+                    raise ModelLoadError(
+                        f"ensemble '{config.name}' {step.label}: composing model "
+                        f"'{step.model_name}' failed to load: {exc}"
+                    ) from None
+                finally:
+                    self._waits.pop(config.name, None)
         finally:
             _ENSEMBLE_CHAIN.reset(token)
         composing = {}
@@ -448,6 +483,22 @@ class ModelRegistry:
             except ServerError as exc:
                 raise ModelLoadError(f"ensemble '{config.name}' {step.label}: {exc}") from None
         validate_mapping(config, steps, composing)
+
+    def _wait_for(self, ensemble: str, step: Any) -> None:
+        """Note that loading ``ensemble`` now waits for its step's model; refuse it where that model's load waits,
+        through other ensembles' loads, for ``ensemble`` (ensembles over each other, loaded at once: each would
+        wait for the other forever)."""
+        name: str | None = step.model_name
+        path = [ensemble]
+        while name is not None and name not in path[1:]:
+            path.append(name)
+            if name == ensemble:
+                raise ModelLoadError(
+                    f"ensemble '{ensemble}' {step.label}: ensembles form a cycle through "
+                    f"'{step.model_name}' ({' -> '.join(path)})"
+                )
+            name = self._waits.get(name)
+        self._waits[ensemble] = step.model_name
 
     def _dependents(self, name: str) -> list[tuple[ModelEntry, frozenset[str]]]:
         """The READY ensembles whose steps name ``name``, each with all its steps' model names."""
@@ -469,8 +520,9 @@ class ModelRegistry:
                     and all(self.entries.get(step) is not None and self.entries[step].ready for step in entry.awaiting)]
         over = [entry.name for entry, _ in self._dependents(name) if entry.name not in loading] if reloaded else []
         for dependent in dict.fromkeys(awaiting + over):
+            entry = self.entries[dependent]
             try:
-                await self.load(dependent)
+                await self.load(dependent, config_override=entry.config_override, model_dir=entry.override_dir)
             except ServerError as exc:  # the composing model loaded: its own load succeeded
                 log.error("ensemble '%s' did not load again after '%s' loaded: %s", dependent, name, exc)
 

@@ -6,7 +6,9 @@ collector both read these objects, so the two can never disagree.
 
 Triton's invariants (perf_analyzer checks them): every successful request adds one to
 ``success``, ``queue`` and each ``compute_*`` count, and is charged its whole batch's compute time;
-``execution_count`` counts executions, ``inference_count`` batch elements.
+``execution_count`` counts executions, ``inference_count`` batch elements. ``last_inference`` moves with
+executions only (Triton's ``UpdateInferBatchStats``): a failure the scheduler or an ensemble reports, or a
+cache hit, leaves it where it was.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ class BatchStats:
         self.compute_output = Duration()
 
 
+class StepCompute:
+    """The compute times of one ensemble request's steps, summed: what the ensemble is charged as its
+    ``compute_input`` / ``compute_infer`` / ``compute_output`` (Triton's per-request secondary aggregator, which
+    each step's request is charged into as into its own model's statistics; ``schedulers/ensemble.py`` says
+    what its steps add)."""
+
+    __slots__ = ("input_ns", "infer_ns", "output_ns")
+
+    def __init__(self) -> None:
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+
+
 #: Triton's failure reasons (label of ``nv_inference_request_failure``).
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -79,11 +100,14 @@ class ModelStats:
         self.latency: LatencyRecorder | None = None
 
     def record_execution(
-        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, inferences: int | None = None
     ) -> None:
-        """One execution of ``batch_size`` elements by an instance."""
+        """One execution of ``batch_size`` elements by an instance (or one successful ensemble request);
+        ``inferences``: the elements of its successful requests (all by default), the only ones Triton counts in
+        ``inference_count``."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
         self.execution_count += 1
-        self.inference_count += batch_size
+        self.inference_count += batch_size if inferences is None else inferences
         stats = self.batch_stats.get(batch_size)
         if stats is None:
             stats = self.batch_stats[batch_size] = BatchStats()
@@ -108,7 +132,6 @@ class ModelStats:
         self.compute_input.add(input_ns * count, count)
         self.compute_infer.add(infer_ns * count, count)
         self.compute_output.add(output_ns * count, count)
-        self.last_inference_ms = time.time_ns() // 1_000_000
         latency = self.latency
         if latency is not None:
             for request, queued in zip(request_ns, queue_ns):
@@ -118,7 +141,6 @@ class ModelStats:
         self.success.add(request_ns)
         self.queue.add(0)
         self.cache_hit.add(lookup_ns)
-        self.last_inference_ms = time.time_ns() // 1_000_000
         if self.latency is not None:
             self.latency.cache_hit(0, lookup_ns)
 
@@ -131,7 +153,6 @@ class ModelStats:
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
         self.fail.add(request_ns)
         self.failures[reason if reason in self.failures else "OTHER"] += 1
-        self.last_inference_ms = time.time_ns() // 1_000_000
 
     def as_dict(self) -> dict[str, Any]:
         """Triton's ``model_stats[]`` entry (HTTP JSON shape; gRPC builds the same fields)."""

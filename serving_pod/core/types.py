@@ -60,6 +60,9 @@ class InferRequest:
     #: custom parameters named like reserved ones (``timeout``, ``sequence_id``...), which only a python BLS
     #: call can send: the called model sees them in ``request.parameters()``, no scheduler reads them.
     custom_reserved: dict[str, Any] | None = None
+    #: set by an ensemble on its steps' requests (``statistics.StepCompute``): also charged the compute times the
+    #: request is charged by its model (Triton's secondary statistics aggregator)
+    stats_sink: Any = None
 
 
 @dataclass(slots=True)

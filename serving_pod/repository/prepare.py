@@ -86,6 +86,16 @@ def _normalize(config: mc.ModelConfig) -> None:
         optimization.input_pinned_memory.enable = True
     if not optimization.HasField("output_pinned_memory"):
         optimization.output_pinned_memory.enable = True
+    # Triton serves a batcher's preferred sizes as [max_batch_size] where none are given (core's normalization,
+    # with or without auto-complete); the batchers read an empty list the same way
+    batchers = []
+    if config.HasField("dynamic_batching"):
+        batchers.append(config.dynamic_batching)
+    if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
+        batchers.append(config.sequence_batching.oldest)
+    for batcher in batchers:
+        if config.max_batch_size > 0 and not batcher.preferred_batch_size:
+            batcher.preferred_batch_size.append(config.max_batch_size)
     if config.HasField("sequence_batching") and not config.sequence_batching.max_sequence_idle_microseconds:
         config.sequence_batching.max_sequence_idle_microseconds = 1_000_000  # Triton's idle timeout: 1 s
 

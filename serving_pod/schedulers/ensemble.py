@@ -1,17 +1,26 @@
 """Triton's ensemble scheduler: runs ``ensemble_scheduling`` steps as a DAG through the engine.
 
-Neighbours: ``ensemble_graph.py`` (the steps, validated at load by the registry); the engine, whose
-``infer`` runs each step on its composing model, so every composing model keeps its own scheduler
-(dynamic batching, sequences...) and its own statistics. A step starts as soon as all the ensemble
-tensors it reads exist, so independent steps run concurrently (one asyncio task per ready step).
+Neighbours: ``ensemble_graph.py`` (the steps, validated at load by the registry); ``ensemble_order.py`` (the
+order of a response's outputs); the engine, whose ``infer`` runs each step on its composing model, so every
+composing model keeps its own scheduler (dynamic batching, sequences...) and its own statistics. A step starts
+as soon as all the ensemble tensors it reads exist, so independent steps run concurrently (one asyncio task per
+ready step). As Triton, a request that asks for some of the outputs runs only the steps those outputs need.
 The first failing step fails the ensemble request with that step's error, prefixed as Triton does
-(``in ensemble 'NAME', ...``), and cancels the rest. Like Triton 2.51, every ensemble response carries
-the request's sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the
-request has none), whatever the steps are.
+(``in ensemble 'NAME', ...``), and cancels the rest. Like Triton 2.51, every ensemble response carries the
+request's sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the request
+has none), whatever the steps are, and lists its outputs in Triton's order (``ensemble_order``).
 
-The ensemble's own statistics follow Triton's: one success (or failure) per request, queue time
-up to the first step's dispatch, and as compute the time its steps took (charged as compute_infer,
-summed over steps; the composing models' statistics hold the exact per-stage times).
+Between a batching and a non-batching model (ensemble or step), a tensor gains or loses its batch dimension
+as in Triton's ``ReshapeTensorDims``: into a batching model, a tensor that came from a non-batching one and
+matches the input's dims gets a leading 1; into a non-batching model, a tensor of batch size 1 that does not
+match the input's dims loses its leading dimension.
+
+The ensemble's own statistics follow Triton's: one success and one execution of its batch size per request,
+queue time up to the first step's dispatch, and as ``compute_input`` / ``compute_infer`` / ``compute_output``
+the sums of what each step's request was charged by its model (a step request carries the ensemble's
+``statistics.StepCompute`` as ``stats_sink``, which the instance pool charges with the request); a failed request
+counts two failures, reason ``OTHER`` (Triton reports it once when it sends the error and once when it releases
+the request), and leaves ``last_inference`` as it was.
 """
 
 from __future__ import annotations
@@ -21,9 +30,13 @@ import copy
 import time
 from typing import Any
 
+import numpy as np
+
 from serving_pod.core.errors import ServerError, UnavailableError
+from serving_pod.core.statistics import StepCompute
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.schedulers.ensemble_graph import EnsembleStep, ensemble_steps
+from serving_pod.schedulers.ensemble_order import response_order
 
 #: request parameters that belong to the ensemble request only, not to its steps
 _OWN_PARAMETERS = frozenset({"binary_data_output", "binary_data_size"})
@@ -48,14 +61,54 @@ def step_error(ensemble: str, error: ServerError) -> ServerError:
     return wrapped
 
 
+def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Triton's ``CompareDimsWithWildcard``."""
+    return len(dims) == len(shape) and all(d == s or d == -1 or s == -1 for d, s in zip(dims, shape))
+
+
+def batch_reshaped(data: np.ndarray, dims: tuple[int, ...], batching: bool, batch_size: int) -> np.ndarray:
+    """``data`` as a model with ``dims`` (``batching``: max_batch_size > 0) receives it, given the batch size of the
+    request that made it (0 from a non-batching model): Triton's ``ReshapeTensorDims`` (module docstring)."""
+    if batching == (batch_size != 0):
+        return data
+    if batching:
+        return data.reshape((1,) + data.shape) if _matches(dims, data.shape) else data
+    if batch_size == 1 and not _matches(dims, data.shape):
+        return data.reshape(data.shape[1:])
+    return data
+
+
+def needed_steps(steps: tuple[EnsembleStep, ...], wanted: set[str]) -> tuple[EnsembleStep, ...]:
+    """The steps that the ensemble tensors in ``wanted`` depend on, in config order (Triton prunes the others)."""
+    producer = {tensor: step for step in steps for _, tensor in step.output_map}
+    needed: set[int] = set()
+    pending = list(wanted)
+    while pending:
+        step = producer.get(pending.pop())
+        if step is not None and step.index not in needed:
+            needed.add(step.index)
+            pending.extend(tensor for _, tensor in step.input_map)
+    return tuple(step for step in steps if step.index in needed)
+
+
 class EnsembleScheduler:
     """Runs one ensemble model version's requests step by step through ``engine.infer``."""
 
     def __init__(self, model: Any, *, engine: Any) -> None:
         self.model = model
         self.engine = engine
-        self.steps: tuple[EnsembleStep, ...] = ensemble_steps(model.config)
-        self.output_names = [tensor.name for tensor in model.config.output]
+        config = model.config
+        self.steps: tuple[EnsembleStep, ...] = ensemble_steps(config)
+        #: config order; responses use ``response_order``
+        self.output_names = [tensor.name for tensor in config.output]
+        self.response_order = response_order(self.output_names)
+        self._batching = config.max_batch_size > 0
+        self._output_dims = {
+            tensor.name: tuple(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)
+            for tensor in config.output
+        }
+        #: step index -> (composing config, its input dims by name), refreshed when the composing model reloads
+        self._step_inputs: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
         self._inflight = 0
         self._closing = False
         self._idle = asyncio.Event()
@@ -74,32 +127,47 @@ class EnsembleScheduler:
         self._inflight += 1
         self._idle.clear()
         stats = self.model.stats
+        wanted = set(self.output_names) if request.outputs is None else {output.name for output in request.outputs}
+        compute = StepCompute()
         try:
-            tensors, compute_ns, dispatch_ns = await self._run(request)
+            tensors, batch_of, dispatch_ns = await self._run(request, wanted, compute)
         except ServerError as error:
-            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "BACKEND")
+            # Triton counts it twice: when the error response goes out, and when the request is released
+            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
             raise step_error(self.model.config.name, error) from None
         finally:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
         done_ns = time.monotonic_ns()
-        stats.record_execution(self.model.batch_size_of(request), 0, compute_ns, 0)
-        stats.record_success(done_ns - request.arrival_ns, dispatch_ns - request.arrival_ns, 0, compute_ns, 0)
-        wanted = self.output_names if request.outputs is None else [o.name for o in request.outputs]
-        outputs = [tensors[name] for name in wanted if name in tensors]
+        if request.stats_sink is not None:  # a step of an outer ensemble, which is charged these sums too
+            request.stats_sink.add(compute.input_ns, compute.infer_ns, compute.output_ns)
+        stats.record_execution(self.model.batch_size_of(request), compute.input_ns, compute.infer_ns, compute.output_ns)
+        stats.record_success(done_ns - request.arrival_ns, dispatch_ns - request.arrival_ns,
+                             compute.input_ns, compute.infer_ns, compute.output_ns)
+        outputs = []
+        for name in self.response_order:
+            value = tensors.get(name)
+            if value is not None and name in wanted:
+                data = batch_reshaped(value.data, self._output_dims[name], self._batching, batch_of[name])
+                outputs.append(Tensor(name, value.datatype, data))
         return InferResponse(request.model_name, request.model_version, outputs, request.id,
                              sequence_parameters(request))
 
-    async def _run(self, request: InferRequest) -> tuple[dict[str, Tensor], int, int]:
-        """Run every step; returns the ensemble tensors, the steps' summed time and the first dispatch."""
+    async def _run(
+        self, request: InferRequest, wanted: set[str], compute: StepCompute
+    ) -> tuple[dict[str, Tensor], dict[str, int], int]:
+        """Run the steps ``wanted`` needs; returns the ensemble tensors, the batch size of the request that made
+        each (0: a non-batching model) and when the first step was dispatched."""
         tensors: dict[str, Tensor] = {tensor.name: tensor for tensor in request.inputs}
+        batch_size = request.inputs[0].data.shape[0] if self._batching and request.inputs else 0
+        batch_of = dict.fromkeys(tensors, batch_size)
         # ensemble inputs the client left out (optional ones) are known to be absent, not pending
         absent = {tensor.name for tensor in self.model.config.input} - tensors.keys()
         parameters = {k: v for k, v in request.parameters.items() if k not in _OWN_PARAMETERS}
-        waiting = list(self.steps)
+        waiting = list(self.steps if wanted >= set(self.output_names) else needed_steps(self.steps, wanted))
         running: dict[asyncio.Task, EnsembleStep] = {}
-        compute_ns = 0
         dispatch_ns = 0
 
         def launch() -> None:
@@ -109,7 +177,7 @@ class EnsembleScheduler:
                     waiting.remove(step)
                     if not dispatch_ns:
                         dispatch_ns = time.monotonic_ns()
-                    task = asyncio.create_task(self._step(step, tensors, request, parameters))
+                    task = asyncio.create_task(self._step(step, tensors, batch_of, request, parameters, compute))
                     running[task] = step
 
         launch()
@@ -118,8 +186,7 @@ class EnsembleScheduler:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     step = running.pop(task)
-                    response, elapsed_ns = task.result()  # a step's ServerError fails the ensemble
-                    compute_ns += elapsed_ns
+                    response, step_batch = task.result()  # a step's ServerError fails the ensemble
                     produced = {tensor.name: tensor for tensor in response.outputs}
                     for model_output, tensor in step.output_map:
                         value = produced.get(model_output)
@@ -127,17 +194,30 @@ class EnsembleScheduler:
                             absent.add(tensor)
                         else:
                             tensors[tensor] = Tensor(tensor, value.datatype, value.data)
+                            batch_of[tensor] = step_batch
                 launch()
         finally:
             for task in running:
                 task.cancel()
-        return tensors, compute_ns, dispatch_ns or time.monotonic_ns()
+        return tensors, batch_of, dispatch_ns or time.monotonic_ns()
+
+    def _inputs_of(self, step: EnsembleStep) -> tuple[bool, dict[str, tuple[int, ...]]]:
+        """Whether the step's model batches, and its input dims by name (looked up once per loaded version)."""
+        config = self.engine.registry.get(step.model_name, step.model_version).config
+        cached = self._step_inputs.get(step.index)
+        if cached is None or cached[0] is not config:
+            cached = self._step_inputs[step.index] = (config, {spec.name: tuple(spec.dims) for spec in config.input})
+        return config.max_batch_size > 0, cached[1]
 
     async def _step(
-        self, step: EnsembleStep, tensors: dict[str, Tensor], request: InferRequest, parameters: dict[str, Any]
+        self, step: EnsembleStep, tensors: dict[str, Tensor], batch_of: dict[str, int], request: InferRequest,
+        parameters: dict[str, Any], compute: StepCompute,
     ) -> tuple[InferResponse, int]:
+        """Run one step; returns its response and its request's batch size (0 when its model does not batch)."""
+        batching, dims = self._inputs_of(step)
         inputs = [
-            Tensor(model_input, tensors[tensor].datatype, tensors[tensor].data)
+            Tensor(model_input, tensors[tensor].datatype,
+                   batch_reshaped(tensors[tensor].data, dims.get(model_input, ()), batching, batch_of[tensor]))
             for model_input, tensor in step.input_map
             if tensor in tensors
         ]
@@ -150,7 +230,7 @@ class EnsembleScheduler:
             dict(parameters),
             cancelled=request.cancelled,
             custom_reserved=request.custom_reserved,
+            stats_sink=compute,
         )
-        start_ns = time.monotonic_ns()
         response = await self.engine.infer(step_request)
-        return response, time.monotonic_ns() - start_ns
+        return response, (inputs[0].data.shape[0] if batching and inputs else 0)

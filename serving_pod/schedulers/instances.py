@@ -252,21 +252,29 @@ class InstancePool:
         end_ns: int,
         done_ns: int,
     ) -> None:
-        """Charge one execution and each of its requests to the model's statistics."""
+        """Charge one execution and each of its requests to the model's statistics.
+
+        A failed request adds to ``fail`` and not to ``inference_count``, as in Triton; an error the model sent as
+        its response (``ServerError.sent_as_response``: a python model's ``InferenceResponse(error=...)``) is a
+        success there.
+        """
         stats = self.stats
         input_ns, infer_ns, output_ns = start_ns - dispatch_ns, end_ns - start_ns, done_ns - end_ns
-        batch_size = 0
-        for request in requests:
-            batch_size += self.batch_size_of(request)
-        stats.record_execution(batch_size, input_ns, infer_ns, output_ns)
+        batch_size = succeeded = 0
         request_ns: list[int] = []
         queue_ns: list[int] = []
         for request, result in zip(requests, results):
-            if isinstance(result, ServerError):
+            size = self.batch_size_of(request)
+            batch_size += size
+            if isinstance(result, ServerError) and not result.sent_as_response:
                 stats.record_failure(done_ns - request.arrival_ns, "BACKEND")
             else:
+                succeeded += size
                 request_ns.append(done_ns - request.arrival_ns)
                 queue_ns.append(dispatch_ns - request.arrival_ns)
+                if request.stats_sink is not None:  # an ensemble's step: the ensemble is charged it too
+                    request.stats_sink.add(input_ns, infer_ns, output_ns)
+        stats.record_execution(batch_size, input_ns, infer_ns, output_ns, succeeded)
         if request_ns:
             stats.record_successes(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 

@@ -48,6 +48,7 @@ class StateIO:
         prepared = InferRequest(
             request.model_name, request.model_version, inputs, outputs, request.id,
             request.parameters, request.arrival_ns, request.responder, request.cancelled,
+            stats_sink=request.stats_sink,
         )
         return prepared, states
 

@@ -11,7 +11,7 @@ import pytest
 from serving_pod.cache import ENTRY_OVERHEAD, ResponseCache, cache_capacity, request_key
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.core.types import InferRequest, RequestedOutput, Tensor
-from support.server import ServerHandle, in_thread, test_model_config, write_model
+from support.server import ServerHandle, ensemble_config, in_thread, test_model_config, write_model
 
 CACHE = {"local": {"size": str(1 << 20)}}
 
@@ -207,32 +207,14 @@ def test_cache_flags() -> None:
 
 
 # --- ensembles (Triton's top-level ensemble caching) -----------------------------------------
-def ensemble_config(
-    name: str, steps: list[str], *, cache: bool = True, extra: str = "", ports: tuple[str, str] = ("INPUT0", "OUTPUT0")
-) -> str:
-    """An ensemble IN -> steps[0] -> ... -> steps[-1] -> OUT; each step reads ``ports[0]``, writes ``ports[1]``."""
-    tensors = ["IN"] + [f"t{index}" for index in range(len(steps) - 1)] + ["OUT"]
-    step_text = ", ".join(
-        f'{{ model_name: "{model}" model_version: -1 input_map {{ key: "{ports[0]}" value: "{tensors[index]}" }} '
-        f'output_map {{ key: "{ports[1]}" value: "{tensors[index + 1]}" }} }}'
-        for index, model in enumerate(steps)
-    )
-    return f"""
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 4
-input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-ensemble_scheduling {{ step [ {step_text} ] }}
-response_cache {{ enable: {str(cache).lower()} }}
-{extra}
-"""
+def _cache(enable: bool = True) -> str:
+    return f"response_cache {{ enable: {str(enable).lower()} }}"
 
 
 def ensemble_repo(repository: Path, *, cache: bool = True) -> None:
     for name in ("step_a", "step_b"):
         write_model(repository, name, test_model_config(name))
-    write_model(repository, "ens", ensemble_config("ens", ["step_a", "step_b"], cache=cache))
+    write_model(repository, "ens", ensemble_config("ens", ["step_a", "step_b"], extra=_cache(cache)))
 
 
 def ensemble_infer(handle: ServerHandle, protocol: str, value: float, model: str = "ens", **kwargs):
@@ -288,7 +270,7 @@ async def test_ensemble_cache_key_is_the_ensembles_own(tmp_path: Path, server_fa
     """A composing model with its own cache keeps a separate entry: the ensemble's hit is the ensemble's."""
     write_model(tmp_path, "step_a", test_model_config("step_a", extra="response_cache { enable: true }"))
     write_model(tmp_path, "step_b", test_model_config("step_b"))
-    write_model(tmp_path, "ens", ensemble_config("ens", ["step_a", "step_b"]))
+    write_model(tmp_path, "ens", ensemble_config("ens", ["step_a", "step_b"], extra=_cache()))
     handle = await server_factory([tmp_path], cache_config=CACHE)
     engine = handle.engine
     data = np.full((1, 4), 2.0, np.float32)
@@ -305,9 +287,9 @@ async def test_ensemble_cache_key_is_the_ensembles_own(tmp_path: Path, server_fa
 async def test_ensemble_with_a_sequence_step_is_not_cached(tmp_path: Path, server_factory, caplog) -> None:
     sequence = test_model_config("seq_step", extra="sequence_batching { }")
     write_model(tmp_path, "seq_step", sequence)
-    write_model(tmp_path, "inner", ensemble_config("inner", ["seq_step"], cache=False))
+    write_model(tmp_path, "inner", ensemble_config("inner", ["seq_step"], extra=_cache(False)))
     # the sequence step is one level down
-    write_model(tmp_path, "ens", ensemble_config("ens", ["inner"], ports=("IN", "OUT")))
+    write_model(tmp_path, "ens", ensemble_config("ens", ["inner"], ports=("IN", "OUT"), extra=_cache()))
     with caplog.at_level("WARNING", logger="ferry.cache"):
         handle = await server_factory([tmp_path], cache_config=CACHE)
     assert handle.engine.model_ready("ens")
@@ -324,7 +306,8 @@ async def test_ensemble_with_a_sequence_step_is_not_cached(tmp_path: Path, serve
 @pytest.mark.parametrize(
     ("name", "config", "message"),
     [
-        ("dec_ens", ensemble_config("dec_ens", ["step_a"], extra="model_transaction_policy { decoupled: true }"),
+        ("dec_ens", ensemble_config("dec_ens", ["step_a"],
+                                    extra=_cache() + "\nmodel_transaction_policy { decoupled: true }"),
          "Response Cache does not currently support model 'dec_ens' with 'decoupled' transaction policy. "
          "Please disable the response cache."),
         ("seq_cached", test_model_config("seq_cached", extra="sequence_batching { }\nresponse_cache { enable: true }"),

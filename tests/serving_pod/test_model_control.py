@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from support.server import test_model_config, write_model
+from support.server import ensemble_config, test_model_config, write_model
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -248,17 +248,9 @@ def test_unload_of_an_unknown_model_succeeds(threaded_server, repository, protoc
 
 
 def _ensemble_over(name: str, composing: str) -> str:
-    """config.pbtxt of an ensemble with one step: ``composing``'s INPUT0 -> OUTPUT0 (a ferry_test identity, or an
-    ensemble of this shape)."""
-    return f"""
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-ensemble_scheduling {{ step [ {{ model_name: "{composing}" model_version: -1
-  input_map {{ key: "INPUT0" value: "INPUT0" }} output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} }} ] }}
-"""
+    """An ensemble with one step, ``composing``'s INPUT0 -> OUTPUT0 (a ferry_test identity, or an ensemble of this
+    shape), under the same tensor names."""
+    return ensemble_config(name, [composing], tensors=("INPUT0", "OUTPUT0"))
 
 
 def _states(server, protocol: str, *names: str) -> dict[str, tuple[str, str]]:
@@ -522,3 +514,53 @@ def test_answers_match_nvidia_tritons(threaded_server, tmp_path):
     server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
     got = _side_by_side_answers(server.server.http_port, server.server.grpc_port)
     assert got == expected
+
+
+def _override_kept_answers(http_port: int) -> dict[str, object]:
+    """'ens' loaded with a config override, then its composing model unloaded and loaded again: what 'ens' is."""
+    import httpx
+
+    base = f"http://127.0.0.1:{http_port}/v2"
+    override = {"platform": "ensemble", "max_batch_size": 0,
+                "input": [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("IN0", "IN1")],
+                "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [4]}],
+                "ensemble_scheduling": {"step": [{"model_name": "add_sub_py", "model_version": -1,
+                                                  "input_map": {"INPUT0": "IN0", "INPUT1": "IN1"},
+                                                  "output_map": {"OUTPUT0": "SUM"}}]},
+                "parameters": {"origin": {"string_value": "override"}}}
+
+    def ensemble() -> tuple[int, object]:
+        response = httpx.get(f"{base}/models/ens/config", timeout=60)
+        return response.status_code, response.json().get("parameters")
+
+    def settled() -> None:  # tritonserver unloads a python model in the background
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                row.get("state") == "UNLOADING" for row in httpx.post(f"{base}/repository/index", timeout=60).json()):
+            time.sleep(0.1)
+
+    answers: dict[str, object] = {}
+    load = {"parameters": {"config": json.dumps(override)}}
+    answers["override load"] = httpx.post(f"{base}/repository/models/ens/load", json=load, timeout=60).status_code
+    answers["overridden"] = ensemble()
+    answers["composing unload"] = httpx.post(f"{base}/repository/models/add_sub_py/unload", timeout=60).status_code
+    settled()
+    answers["unloaded"] = ensemble()[0]
+    answers["composing load"] = httpx.post(f"{base}/repository/models/add_sub_py/load", timeout=60).status_code
+    answers["back"] = ensemble()
+    return answers
+
+
+def test_ensemble_back_with_its_composing_model_keeps_its_override_like_nvidia_tritons(threaded_server, tmp_path):
+    """The ensemble that comes back with its composing model is the one loaded with a config override, as in
+    tritonserver 2.51; Ferry read it from the repository again (core/test_registry_ensembles.py has more)."""
+    from support.server import DEFAULT_MODELS, copy_models
+    from support.triton import running_triton
+
+    repository = copy_models(tmp_path / "models", DEFAULT_MODELS, "add_sub_py")
+    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
+    with running_triton(repository, ["add_sub_py", "ens"]) as (http, _, _):
+        expected = _override_kept_answers(http)
+    assert expected["back"] == (200, {"origin": {"string_value": "override"}})
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
+    assert _override_kept_answers(server.server.http_port) == expected

@@ -147,6 +147,36 @@ output [ {{ name: "OUTPUT0" data_type: {datatype} dims: {dims} }} ]
 test_model_config.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
+def ensemble_config(
+    name: str,
+    steps: list[str],
+    *,
+    tensors: tuple[str, str] = ("IN", "OUT"),
+    ports: tuple[str, str] = ("INPUT0", "OUTPUT0"),
+    max_batch_size: int = 8,
+    extra: str = "",
+) -> str:
+    """config.pbtxt of an ensemble passing one FP32 [4] tensor through ``steps`` in turn: its input ``tensors[0]``
+    -> steps[0] -> t0 -> ... -> steps[-1] -> its output ``tensors[1]``. Each step reads its input ``ports[0]`` and
+    writes its output ``ports[1]``: a ``test_model_config`` model's by default, or an ensemble's made here
+    (``ports`` = that ensemble's ``tensors``)."""
+    names = [tensors[0]] + [f"t{index}" for index in range(len(steps) - 1)] + [tensors[1]]
+    step_text = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1 input_map {{ key: "{ports[0]}" value: "{names[index]}" }} '
+        f'output_map {{ key: "{ports[1]}" value: "{names[index + 1]}" }} }}'
+        for index, model in enumerate(steps)
+    )
+    return f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: {max_batch_size}
+input [ {{ name: "{tensors[0]}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "{tensors[1]}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {step_text} ] }}
+{extra}
+"""
+
+
 def _server_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop, as ``ferry-server`` runs (``serving_pod.cli``): transports behave as in production
     (uvloop refuses a write to a closed transport, where asyncio's only warns); asyncio's without uvloop."""

@@ -35,3 +35,16 @@ def test_an_executions_successes_recorded_at_once_equal_each_recorded_alone():
     assert second["inference_stats"]["compute_infer"] == {"count": 3, "ns": 6_000}
     assert _latency(one_by_one) == _latency(at_once)
     assert _latency(at_once)["summaries"]["request"][0] == 3
+
+
+def test_last_inference_moves_with_executions_only():
+    """tritonserver 2.51 sets ``last_inference`` when an execution is reported (``UpdateInferBatchStats``): a cache
+    hit, a failure reported without an execution (a rejected or cancelled request, a failed ensemble request) and
+    the successes themselves leave it; Ferry moved it on each of those."""
+    stats = ModelStats("m", "1")
+    stats.record_cache_hit(1_000, 100)
+    stats.record_failure(1_000, "REJECTED")
+    stats.record_successes([1_000], [100], 10, 20, 30)
+    assert stats.last_inference_ms == 0
+    stats.record_execution(1, 10, 20, 30)
+    assert stats.last_inference_ms > 0
