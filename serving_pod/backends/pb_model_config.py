@@ -64,10 +64,11 @@ class ModelConfig:
             )
         label = f"{kind} '{tensor.get('name', '')}'"
         extra = [key for key in tensor if key not in allowed]
-        if extra:
+        if extra:  # Triton's words: "'name', 'data_type', 'dims' and 'optional'."
+            listed = ", ".join(repr(a) for a in allowed[:-1]) + f" and {allowed[-1]!r}"
             raise ValueError(
                 f"{label} in auto-complete-config function for model '{self._name}' contains "
-                f"property other than {', '.join(repr(a) for a in allowed)}: {extra}"
+                f"property other than {listed}."
             )
         for required in ("name", "data_type", "dims"):
             if required not in tensor:

@@ -22,7 +22,11 @@ from serving_pod.backends.pb_tensor import (
     Tensor,
     TritonError,
     TritonModelException,
+    bind_arguments,
+    incompatible_arguments,
 )
+
+_NO_OUTPUTS: list = []  # the default of ``InferenceResponse(output_tensors=...)``: never handed out
 
 # --------------------------------------------------------------------------- responses
 
@@ -42,22 +46,45 @@ def _check_parameters(parameters: Any) -> dict:
     return parameters
 
 
+_RESPONSE_SIGNATURE = ("c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] "
+                       "= [], error: c_python_backend_utils.TritonError = None)")
+
+
 class InferenceResponse:
-    """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
+    """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``.
+
+    As Triton's binding: ``output_tensors`` is a sequence of ``Tensor`` (not None), ``error`` a ``TritonError`` or
+    None; anything else is pybind11's ``TypeError``, raised where the model builds the response. ``parameters``
+    (a dict of bool, int or str) comes from later Tritons.
+    """
 
     __slots__ = ("_outputs", "_error", "_parameters")
 
-    def __init__(
-        self,
-        output_tensors: list[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: dict | None = None,
-    ) -> None:
-        self._outputs = output_tensors if output_tensors is not None else []
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException(f"error must be a TritonError, found type '{type(error).__name__}'")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs and len(args) == 1 and type(args[0]) is list:  # the common calls first
+            outputs, error, parameters = args[0], None, None
+        elif not args and len(kwargs) == 1 and type(kwargs.get("output_tensors")) is list:
+            outputs, error, parameters = kwargs["output_tensors"], None, None
+        else:
+            outputs, error, parameters = self._bound(args, kwargs)
+        for tensor in outputs:
+            if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
+                raise incompatible_arguments(_RESPONSE_SIGNATURE, args, kwargs)
+        self._outputs = outputs
         self._error = error
         self._parameters = _check_parameters(parameters) if parameters else None
+
+    @staticmethod
+    def _bound(args: tuple, kwargs: dict) -> tuple[list, Any, Any]:
+        outputs, error, parameters = bind_arguments(
+            ("output_tensors", "error", "parameters"), (_NO_OUTPUTS, None, None), args, kwargs, _RESPONSE_SIGNATURE)
+        if outputs is _NO_OUTPUTS:
+            outputs = []
+        elif isinstance(outputs, (str, bytes)) or not isinstance(outputs, (list, tuple)):
+            raise incompatible_arguments(_RESPONSE_SIGNATURE, args, kwargs)
+        if error is not None and not isinstance(error, TritonError):
+            raise incompatible_arguments(_RESPONSE_SIGNATURE, args, kwargs)
+        return list(outputs), error, parameters
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -228,11 +255,12 @@ class InferenceRequest:
     def trace(self) -> _Trace:
         return _Trace()
 
-    def requested_output_names(self) -> list[str]:
+    def requested_output_names(self) -> set[str]:
+        """A ``set``, as Triton's binding returns (its ``std::set``): a model cannot index it or rely on an order."""
         outputs = self._domain.outputs
         if outputs is None:
-            return list(self._link.output_names) if self._link is not None else []
-        return [o.name for o in outputs]
+            return set(self._link.output_names) if self._link is not None else set()
+        return {o.name for o in outputs}
 
     def get_response_sender(self) -> InferenceResponseSender:
         sender = self._sender

@@ -9,6 +9,7 @@ models arrays of their own. ``TritonError`` is the error value a model attaches 
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -106,8 +107,9 @@ class TritonModelException(Exception):
     """Raised by the API on misuse; a model may raise it to fail the whole batch."""
 
 
-class TritonError:
-    """An error value a model attaches to one response (``InferenceResponse(error=...)``)."""
+class _ErrorCode(enum.IntEnum):
+    """``TritonError``'s codes, Triton's ``TritonError.__ErrorCode`` enum (pybind11's): a code compares equal to its
+    number, and ``TritonError(message, code)`` takes only a member, never a bare number."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -118,22 +120,94 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
+    def __str__(self) -> str:
+        return f"__ErrorCode.{self.name}"
+
+
+_ErrorCode.__name__ = "__ErrorCode"  # its repr: <__ErrorCode.INTERNAL: 1>
+
+_ERROR_SIGNATURE = ("c_python_backend_utils.TritonError(message: str, code: "
+                    "c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)")
+
+
+class TritonError:
+    """An error value a model attaches to one response (``InferenceResponse(error=...)``)."""
+
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
     __slots__ = ("_message", "_code")
 
-    def __init__(self, message: str, code: int = 1) -> None:
-        if message is None or code is None:
-            raise TypeError("TritonError(message, code): message and code must not be None")
-        self._message = str(message)
-        self._code = int(code)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs and type(args[0] if args else None) is str:  # the common calls first
+            if len(args) == 1:
+                self._message, self._code = args[0], _ErrorCode.INTERNAL
+                return
+            if len(args) == 2 and type(args[1]) is _ErrorCode:
+                self._message, self._code = args
+                return
+        message, code = bind_arguments(("message", "code"), (_ErrorCode.INTERNAL,), args, kwargs, _ERROR_SIGNATURE)
+        if isinstance(message, bytes):
+            message = message.decode()
+        if not isinstance(message, str) or type(code) is not _ErrorCode:
+            raise incompatible_arguments(_ERROR_SIGNATURE, args, kwargs)
+        self._message = message
+        self._code = code
 
     def message(self) -> str:
         return self._message
 
-    def code(self) -> int:
+    def code(self) -> _ErrorCode:
         return self._code
 
     def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, code={self._code})"
+        return f"TritonError({self._message!r}, code={self._code.name})"
+
+
+setattr(TritonError, "__ErrorCode", _ErrorCode)  # Triton's name, set outside the class body (no mangling)
+_ErrorCode.__qualname__ = "TritonError.__ErrorCode"  # so that pickle finds it
+
+
+def incompatible_arguments(signature: str, args: tuple, kwargs: dict, function: str = "__init__") -> TypeError:
+    """pybind11's refusal of arguments that match none of a binding's signatures, in its words."""
+    given = ", ".join(map(repr, args))
+    if kwargs:
+        given += ("; " if given else "") + "kwargs: " + ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+    what = "constructor" if function == "__init__" else "function"
+    return TypeError(f"{function}(): incompatible {what} arguments. The following argument types are supported:\n"
+                     f"    1. {signature}\n\nInvoked with: {given}")
+
+
+def bind_arguments(names: tuple[str, ...], defaults: tuple, args: tuple, kwargs: dict, signature: str) -> list[Any]:
+    """``args`` and ``kwargs`` as the values of ``names`` (the last ones defaulting to ``defaults``), as pybind11
+    binds them; anything that does not fit is its TypeError."""
+    if len(args) > len(names):
+        raise incompatible_arguments(signature, args, kwargs)
+    values = list(args) + [_MISSING] * (len(names) - len(args))
+    for key, value in kwargs.items():
+        try:
+            index = names.index(key)
+        except ValueError:
+            raise incompatible_arguments(signature, args, kwargs) from None
+        if values[index] is not _MISSING:
+            raise incompatible_arguments(signature, args, kwargs)
+        values[index] = value
+    first_default = len(names) - len(defaults)
+    for index, value in enumerate(values):
+        if value is _MISSING:
+            if index < first_default:
+                raise incompatible_arguments(signature, args, kwargs)
+            values[index] = defaults[index - first_default]
+    return values
+
+
+_MISSING = object()
 
 
 # --------------------------------------------------------------------------- tensors
@@ -146,27 +220,40 @@ def _check_name(name: Any) -> None:
         raise TritonModelException("Tensor name cannot be an empty string.")
 
 
+_TENSOR_SIGNATURE = "c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+
+
 class Tensor:
-    """A named numpy tensor. ``Tensor(name, array)``; no copy is made."""
+    """A named numpy tensor. ``Tensor(name, array)``; no copy is made of a C-contiguous array.
+
+    As Triton's binding: the two arguments are positional, the array must be a ``numpy.ndarray`` (a list, a
+    scalar or None is a ``TypeError``), of a Triton data type in native byte order, bytes (``S``) or objects
+    (anything else, unicode ``U`` arrays included: "NumPy dtype is not supported."); a non-contiguous array is
+    copied into C order; a ``bytes`` name is decoded.
+    """
 
     __slots__ = ("_name", "_array", "_datatype", "_device")
 
-    def __init__(self, name: str, numpy_array: Any) -> None:
-        _check_name(name)
-        if numpy_array is None or isinstance(numpy_array, (str, bytes)):
-            # numpy would make a 0-d object array of it: a BYTES scalar "None" the client never asked for
-            raise TypeError(f"Tensor '{name}': expected a numpy array, found type '{type(numpy_array).__name__}'")
-        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs or len(args) != 2:
+            raise incompatible_arguments(_TENSOR_SIGNATURE, args, kwargs)
+        name, array = args
+        if type(array) is not np.ndarray:
+            if not isinstance(array, np.ndarray):
+                raise incompatible_arguments(_TENSOR_SIGNATURE, args, kwargs)
+            array = np.asarray(array)  # a subclass (np.matrix...) as the plain array it is: its data, no copy
+        if type(name) is not str:
+            if isinstance(name, bytes):
+                name = name.decode()
+            elif not isinstance(name, str):
+                raise incompatible_arguments(_TENSOR_SIGNATURE, args, kwargs)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         dtype = array.dtype
-        kind = dtype.kind
-        if kind not in "biufOSU" or (kind == "f" and dtype.itemsize > 8) or not dtype.isnative:
-            native = dtype.newbyteorder("=")
-            if not dtype.isnative and native in _SUPPORTED_DTYPES:
-                array = array.astype(native)
-            else:
-                raise TritonModelException(
-                    f"Tensor '{name}': numpy dtype '{dtype}' has no Triton data type"
-                )
+        if dtype not in _SUPPORTED_DTYPES and dtype.kind not in "OS":
+            raise TritonModelException("NumPy dtype is not supported.")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
         self._name = name
         self._array = array
         self._datatype: str | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -53,8 +53,15 @@ _ERROR_TO_CODE: dict[str, int] = {
 
 
 def server_error(error: pb_utils.TritonError) -> errors.ServerError:
-    """A model's ``TritonError`` -> the engine's error with the same code and message."""
-    return _CODE_TO_ERROR.get(error.code(), errors.InternalError)(error.message())
+    """A model's ``TritonError`` -> the engine's error with the same code and message, marked ``sent_as_response``.
+
+    The model answered its request with this error (``InferenceResponse(error=...)``): its execution succeeded,
+    and Triton 2.51 counts such a request a success (``success``, ``nv_inference_request_success``, its batch in
+    ``inference_count``), unlike one whose ``execute`` raised (``InstancePool.charge``).
+    """
+    converted = _CODE_TO_ERROR.get(error.code(), errors.InternalError)(error.message())
+    converted.sent_as_response = True
+    return converted
 
 
 def triton_error(exc: BaseException) -> pb_utils.TritonError:
@@ -237,53 +244,66 @@ def bls_exec(engine: Any, request: InferRequest, decoupled: bool) -> Any:
         request.model_name, request.model_version, request.inputs, request.outputs,
         request.id, dict(request.parameters), custom_reserved=request.custom_reserved,
     )
-    refused = bls_refusal(engine, call, decoupled)
-    if refused is not None:
-        if decoupled:
-            return pb_utils.ResponseIterator([refused], pb_response, None)
-        return pb_utils.InferenceResponse(error=triton_error(refused))
     if decoupled:
         call.cancelled = getattr(engine, "new_cancel_event", threading.Event)()
         try:
-            stream = engine.stream_from_thread(call)
+            stream = bls_stream(engine, call)
         except Exception as exc:
             return pb_utils.ResponseIterator([exc], pb_response, None)
         return pb_utils.ResponseIterator(stream, pb_response, call.cancelled)
     try:
-        return pb_response(engine.infer_from_thread(call))
+        return pb_response(bls_infer(engine, call))
     except Exception as exc:
         return pb_utils.InferenceResponse(error=triton_error(exc))
 
 
-
-def bls_refusal(engine: Any, call: InferRequest, decoupled: bool) -> errors.ServerError | None:
-    """Triton's error for a BLS request refused before the called model runs, or None.
-
-    Triton's python backend words a request that ``TRITONSERVER_ServerInferAsync`` refuses as
-    ``Model <name> - Error when running inference: <why>``, always with code INTERNAL; a missing
-    model is "not ready" there, and a decoupled model called without ``decoupled=True`` gets its
-    own hint. Errors from the called model's execution keep their own message.
-    """
-    registry = getattr(engine, "registry", None)
-    if registry is None:  # an engine proxy: the server's side of an isolated instance checks (``python_isolated``)
-        return None
-    prefix = f"Model {call.model_name} - Error when running inference: "
+def bls_infer(engine: Any, call: InferRequest) -> InferResponse:
+    """``engine.infer_from_thread(call)`` for a BLS call made with ``decoupled=False`` (``bls_error``)."""
     try:
-        model = registry.get(call.model_name, call.model_version)
-    except (errors.NotFoundError, errors.UnavailableError):
-        return errors.InternalError(
-            f"{prefix}Failed for execute the inference request. Model '{call.model_name}' is not ready."
-        )
+        return engine.infer_from_thread(call)
     except errors.ServerError as exc:
-        return errors.InternalError(prefix + exc.message)
-    if model.decoupled and not decoupled:
+        worded = bls_error(exc, call.model_name, decoupled=False)
+        if worded is exc:
+            raise
+        raise worded from None
+
+
+def bls_stream(engine: Any, call: InferRequest) -> Iterator[InferResponse]:
+    """``engine.stream_from_thread(call)`` for a BLS call made with ``decoupled=True`` (``bls_error``); started
+    at once, as the engine's stream is (an isolated instance's proxy sends the request as it is called)."""
+    return _worded(engine.stream_from_thread(call), call.model_name)
+
+
+def _worded(stream: Iterator[InferResponse], model_name: str) -> Iterator[InferResponse]:
+    try:
+        yield from stream
+    except errors.ServerError as exc:
+        worded = bls_error(exc, model_name, decoupled=True)
+        if worded is exc:
+            raise
+        raise worded from None
+
+
+def bls_error(exc: errors.ServerError, model_name: str, decoupled: bool) -> errors.ServerError:
+    """Triton's error for a BLS request the engine refused before the called model ran, else ``exc`` itself.
+
+    The engine marks those errors (``refused_before_queue``, set by ``core.engine.mark_refused``). Triton's python
+    backend words a request that ``TRITONSERVER_ServerInferAsync`` refuses as ``Model <name> - Error when running
+    inference: <why>``, always with code INTERNAL; a model that cannot be had is "not ready" there, and a decoupled
+    model called without ``decoupled=True`` gets its own hint. Errors from the called model's execution keep their
+    own message.
+    """
+    if not exc.refused_before_queue:
+        return exc
+    prefix = f"Model {model_name} - Error when running inference: "
+    if isinstance(exc, (errors.NotFoundError, errors.UnavailableError)):  # the model's look-up (``registry.get``)
         return errors.InternalError(
-            f"{prefix}Model {call.model_name} is using the decoupled. The current BLS request call doesn't "
+            f"{prefix}Failed for execute the inference request. Model '{model_name}' is not ready."
+        )
+    if isinstance(exc, errors.UnsupportedError) and not decoupled:  # the engine's only one before queuing
+        return errors.InternalError(
+            f"{prefix}Model {model_name} is using the decoupled. The current BLS request call doesn't "
             "support models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
             "the 'exec' or 'async_exec' calls for decoupled models.'"
         )
-    try:
-        model.validate(call)
-    except errors.ServerError as exc:
-        return errors.InternalError(prefix + exc.message)
-    return None
+    return errors.InternalError(prefix + exc.message)

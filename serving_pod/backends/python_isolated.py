@@ -320,10 +320,18 @@ class IsolatedInstance:
         return keys, [request_to_wire(request) for request in requests]
 
     def _settle(self, child: _Child, keys: list[int], results: list[Any]) -> None:
+        """Forget the requests that are answered. A decoupled request is answered by its final ``respond``, even
+        when its execution failed (the error comes both ways, and the ``respond`` post may still be on its way);
+        only one without a responder is answered by its result."""
+        decoupled = self._spec.decoupled
         with self._lock:
             for key, result in zip(keys, results):
-                if not self._spec.decoupled or result is not None:
+                if not decoupled:
                     child.requests.pop(key, None)
+                elif result is not None:
+                    request = child.requests.get(key)
+                    if request is not None and request.responder is None:
+                        del child.requests[key]
 
     def _lost(self, child: _Child, count: int) -> list[Any]:
         if self._spec.decoupled:  # the responders get the error (``_on_child_gone``)
@@ -351,10 +359,7 @@ class IsolatedInstance:
                     f"BLS request to model '{request.model_name}' failed: this python model instance "
                     "is not attached to an inference engine"
                 )
-            refused = python_bridge.bls_refusal(self._engine, request, False)
-            if refused is not None:
-                raise refused
-            return response_to_wire(self._engine.infer_from_thread(request))
+            return response_to_wire(python_bridge.bls_infer(self._engine, request))
         raise ValueError(f"unknown call '{kind}'")
 
     def _on_post(self, child: _Child, kind: str, args: tuple) -> None:
@@ -387,10 +392,7 @@ class IsolatedInstance:
                     f"BLS request to model '{request.model_name}' failed: this python model "
                     "instance is not attached to an inference engine"
                 )
-            refused = python_bridge.bls_refusal(self._engine, request, True)
-            if refused is not None:
-                raise refused
-            for item in self._engine.stream_from_thread(request):
+            for item in python_bridge.bls_stream(self._engine, request):
                 channel.post("stream_item", key, result_to_wire(item))
             channel.post("stream_end", key, None)
         except ConnectionError:

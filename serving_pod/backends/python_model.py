@@ -239,7 +239,7 @@ class PythonModelInstance:
                 count,
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
-                f"is:{len(result)}",
+                f"is:{len(result)}\n",  # Triton's message ends its line
             )
         for response in result:  # Triton fails the whole call, with its own wording, on a foreign object
             if response is not None and not isinstance(response, pb_utils.InferenceResponse):
@@ -292,9 +292,11 @@ class PythonModelInstance:
                 future = self._background_loop().submit(result)
                 future.add_done_callback(lambda f: self._background_done(f, pb_requests))
             elif result is not None:
-                self._fail_open(pb_requests, self._returned_a_value())
+                failure = self._fail_open(pb_requests, self._returned_a_value())
+                return [failure if answer is None else answer for answer in answers]
         except BaseException as exc:
-            self._fail_open(pb_requests, exc)
+            failure = self._fail_open(pb_requests, exc)
+            return [failure if answer is None else answer for answer in answers]
         return answers
 
     def _background_done(self, future: Any, pb_requests: list[pb_utils.InferenceRequest]) -> None:
@@ -311,8 +313,12 @@ class PythonModelInstance:
         return (f"Python model '{self._spec.instance_name}' is using the decoupled mode and the "
                 "execute function must return None.")
 
-    def _fail_open(self, pb_requests: list[pb_utils.InferenceRequest], exc: BaseException | str) -> None:
-        """Deliver a final error to every request whose sender is still open (``exc``: as ``_message``)."""
+    def _fail_open(self, pb_requests: list[pb_utils.InferenceRequest], exc: BaseException | str) -> errors.ServerError:
+        """Deliver a final error to every request whose sender is still open (``exc``: as ``_message``).
+
+        Returns the error: an ``execute`` that failed before returning fails all its requests in the statistics
+        too, as in Triton (the responders have already delivered it: the engine does not send it again).
+        """
         message = self._message(exc)
         _log.error("%s", message, exc_info=None if isinstance(exc, str) else exc)
         for pb_request in pb_requests:
@@ -325,6 +331,7 @@ class PythonModelInstance:
                 pb_request._domain.responder(errors.InternalError(message), True)
             except Exception:
                 _log.exception("python model '%s': delivering an error failed", self._spec.model_name)
+        return errors.InternalError(message)
 
     # ------------------------------------------------------------------ coroutines
     def _run(self, coro: Any) -> Any:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from serving_pod.core.errors import (
+    DecoupledModelError,
     InternalError,
     InvalidArgumentError,
     ServerError,
     UnavailableError,
-    UnsupportedError,
 )
 from serving_pod import classification
 from serving_pod.core.custom_metrics import CustomMetrics
@@ -88,6 +88,14 @@ class EngineOptions:
     latency_metrics: LatencyMetricsSettings = field(default_factory=LatencyMetricsSettings)
     #: ``--model-load-retry-count``: further attempts at a version whose instances failed to load
     model_load_retry_count: int = 0
+
+
+def mark_refused(error: ServerError) -> ServerError:
+    """Sets ``error.refused_before_queue``: the request was refused before it was queued, because no model could
+    be had for it or it did not suit the model (``Engine._admit``). A python model's BLS call words such errors as
+    Triton's python backend words a request ``TRITONSERVER_ServerInferAsync`` refuses (``python_bridge``)."""
+    error.refused_before_queue = True
+    return error
 
 
 class CancelFlag:
@@ -243,9 +251,16 @@ class Engine:
         if self.shutting_down:
             raise UnavailableError("Server is shutting down, not accepting new requests")
         request.arrival_ns = time.monotonic_ns()
+        try:
+            return self._checked(request)
+        except ServerError as error:
+            mark_refused(error)
+            raise
+
+    def _checked(self, request: InferRequest) -> tuple[Any, outputs.OutputPlan | None, Any]:
         model = self.registry.get(request.model_name, request.model_version)
         if model.decoupled and request.responder is None:
-            raise UnsupportedError(
+            raise DecoupledModelError(
                 f"model '{model.name}' is decoupled: use the gRPC streaming API (ModelStreamInfer)"
             )
         if request.parameters:  # the front end's check in Triton: refused before the model's statistics see it
@@ -293,7 +308,10 @@ class Engine:
         Triton sends a per-response error; so is an error response the model sends without the final
         flag (more may follow). An error that is the request's last response ends the stream (raised).
         """
-        model = self.registry.get(request.model_name, request.model_version)
+        try:
+            model = self.registry.get(request.model_name, request.model_version)
+        except ServerError as error:
+            raise mark_refused(error)
         if not model.decoupled:
             yield await self.infer(request)
             return

@@ -98,3 +98,14 @@ def test_bls_calls_are_charged_to_the_called_models(server) -> None:
     for _ in range(3):
         _call(server, "grpc", "sync", [1, 1, 1, 1])
     assert (successes("add_sub") - before[0], successes("bls_router") - before[1]) == (3, 3)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_a_bls_request_is_validated_once(server, monkeypatch, mode: str) -> None:
+    """The engine admits a BLS request as any other; a refusal it marks is worded for BLS without a second check."""
+    called = server.engine.registry.get("add_sub" if mode == "sync" else "dec_counter")
+    checked = []
+    validate = called.validate
+    monkeypatch.setattr(called, "validate", lambda request: (checked.append(request.model_name), validate(request))[1])
+    _call(server, "grpc", mode, [2, 0, 0, 0])
+    assert checked == [called.name]

@@ -168,10 +168,17 @@ CODE_MODEL = '''
 import triton_python_backend_utils as pb_utils
 
 
+# Triton's TritonError takes a member of its code enum, never a bare number
+CODES = [pb_utils.TritonError.UNKNOWN, pb_utils.TritonError.INTERNAL, pb_utils.TritonError.NOT_FOUND,
+         pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.UNAVAILABLE, pb_utils.TritonError.UNSUPPORTED,
+         pb_utils.TritonError.ALREADY_EXISTS, pb_utils.TritonError.CANCELLED]
+
+
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            "failed with a code", int(pb_utils.get_input_tensor_by_name(r, "CODE").as_numpy()[0]))) for r in requests]
+            "failed with a code", CODES[int(pb_utils.get_input_tensor_by_name(r, "CODE").as_numpy()[0])]))
+            for r in requests]
 '''
 
 #: pb_utils.TritonError code -> (tritonserver's HTTP status, its gRPC code): HttpCodeFromError answers 400 for

@@ -16,7 +16,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("CORRELATION_ID", _text(repr(request.correlation_id()))),
                 pb_utils.Tensor("FLAGS", np.array([request.flags()], np.int32)),
                 pb_utils.Tensor("PARAMETERS", _text(request.parameters())),
-                pb_utils.Tensor("REQUESTED", _text(",".join(request.requested_output_names()))),
+                pb_utils.Tensor("REQUESTED", _text(",".join(sorted(request.requested_output_names())))),
                 pb_utils.Tensor("CANCELLED", np.array([request.is_cancelled()])),
                 pb_utils.Tensor("NOT_IN_CONFIG", _text("extra")),
             ]
