@@ -5,6 +5,10 @@ Every route decodes -> calls the engine -> encodes, and maps ``ServerError`` thr
 connection protocol (``http.protocol``) in the common case, else by ``InferEndpoint``, a plain ASGI
 handler in front of FastAPI that skips the framework's routing and validation. Every other route is
 ordinary FastAPI; the generate extension's two routes map their JSON in ``http.generate``.
+
+Answers carry tritonserver 2.51's content types (``http.responses``): ``text/plain`` on the health and model
+readiness routes, for unknown routes and for inference errors found before the body is parsed, else
+``application/json``.
 """
 
 from __future__ import annotations
@@ -18,19 +22,28 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import InvalidArgumentError, NotFoundError, ServerError
+from serving_pod.core.errors import DecoupledModelError, InvalidArgumentError, ServerError, UnsupportedError
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_base64, decode_infer_request, encode_infer_response
 from serving_pod.http.generate import answer_generate
-from serving_pod.http.responses import error_body, json_body, json_response, read_body, send_response
-from serving_pod.http.compression import choose_encoding, decode_body, encode_body, size_error
+from serving_pod.http.responses import (
+    JSON, TEXT, before_parsing, error_body, infer_content_type, json_body, json_ok, json_response, read_body,
+    send_response, text_response,
+)
+from serving_pod.http.compression import (
+    ACCEPTED, UnsupportedEncodingError, choose_encoding, decode_body, encode_body, size_error,
+)
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
 # versions as tritonserver's routes match them, [0-9]+: any other is an unknown route (404 "Not Found", as
 # ``_route_version``), not a version string the engine cannot parse (400)
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+#: the routes whose tritonserver handler sets no content type: their answers, errors included, are text/plain
+_TEXT_ROUTE = re.compile(r"^/v2/health/(?:live|ready)$|^/v2/models/[^/]+(?:/versions/[0-9]+)?/(?:ready|infer)$")
+#: tritonserver's HTTP answer to an inference request for a decoupled model (``CheckTransactionPolicy``)
+DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
 
 
 class Infers(Protocol):
@@ -68,7 +81,8 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Patte
             try:
                 header_length = int(value)
             except ValueError:
-                raise InvalidArgumentError("Inference-Header-Content-Length must be an integer") from None
+                raise before_parsing(
+                    InvalidArgumentError("Inference-Header-Content-Length must be an integer")) from None
         elif key == b"content-encoding":
             encoding = value.decode("latin-1")
         elif key == b"accept-encoding":
@@ -99,13 +113,13 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
         response = await engine.infer(request)
         payload, json_length = encode_infer_response(response, request)
     except ServerError as error:
-        return error_answer(error)
+        return error_answer(_http_worded(error))
     headers: list[tuple[bytes, bytes]] = []
     if json_length is not None:
         headers.append((b"inference-header-content-length", str(json_length).encode()))
         content_type = b"application/octet-stream"
     else:
-        content_type = b"application/json"
+        content_type = JSON
     chosen = choose_encoding(head.accept) if head.accept else ""
     if chosen:
         payload = encode_body(payload, chosen)
@@ -114,8 +128,18 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
 
 
 def error_answer(error: ServerError) -> Answer:
+    """The answer to an inference request that failed with ``error``, as tritonserver words and types it."""
     status, body = error_body(error)
-    return status, body, [], b"application/json"
+    headers = [ACCEPTED] if isinstance(error, UnsupportedEncodingError) else []
+    return status, body, headers, infer_content_type(error)
+
+
+def _http_worded(error: ServerError) -> ServerError:
+    """``error`` in the HTTP front end's words: the engine's refusal of a decoupled model names the gRPC stream
+    that serves one, tritonserver's HTTP endpoint says ``DECOUPLED`` (found before the body is parsed)."""
+    if isinstance(error, DecoupledModelError):
+        return before_parsing(UnsupportedError(DECOUPLED))
+    return error
 
 
 class InferEndpoint:
@@ -140,7 +164,7 @@ class InferEndpoint:
                 return
         elif scope["type"] == "http" and _INFER_PATH.match(scope["path"]):
             # as tritonserver: the infer route exists, only for POST (FastAPI has no such route, so it said 404)
-            await send_response(send, 405, b'{"error":"Method Not Allowed"}', [])
+            await send_response(send, 405, b'{"error":"Method Not Allowed"}', [], TEXT)
             return
         await self.app(scope, receive, send)
 
@@ -151,7 +175,7 @@ class InferEndpoint:
             head = infer_head(scope["headers"], limit, self.header_forward, names)
             body = await read_body(receive, limit)
         except ServerError as error:
-            await send_response(send, *error_body(error), [])
+            await send_response(send, *error_answer(error))
             return
         status, payload, headers, content_type = await answer_infer(self.engine, head, body, model, version, limit)
         await send_response(send, status, payload, headers, content_type)
@@ -170,23 +194,28 @@ def create_app(
     app = FastAPI(title="Ferry", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
 
     @app.exception_handler(ServerError)
-    async def _server_error(_: Request, error: ServerError) -> Response:
+    async def _server_error(request: Request, error: ServerError) -> Response:
         status, body = error_body(error)
+        if _TEXT_ROUTE.match(request.url.path):
+            return text_response(status, body)
         return Response(body, status_code=status, media_type="application/json")
 
     @app.exception_handler(HTTPException)
-    async def _routing_error(_: Request, error: HTTPException) -> Response:
-        # unknown routes and wrong methods: Triton's {"error": ...} body (tritonclient reads 'error'), not 'detail'
-        return Response(orjson.dumps({"error": error.detail}), status_code=error.status_code,
-                        media_type="application/json", headers=error.headers)
+    async def _routing_error(request: Request, error: HTTPException) -> Response:
+        # unknown routes and wrong methods: Triton's {"error": ...} body (tritonclient reads 'error'), not 'detail';
+        # an unknown route has no handler to set a type (text/plain), a wrong method gets its route's
+        body = orjson.dumps({"error": error.detail})
+        if error.status_code == 404 or _TEXT_ROUTE.match(request.url.path):
+            return text_response(error.status_code, body, error.headers)
+        return Response(body, status_code=error.status_code, media_type="application/json", headers=error.headers)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
-        return Response(status_code=200 if engine.is_live() else 400)
+        return text_response(200 if engine.is_live() else 400)
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        return Response(status_code=200 if engine.is_ready() else 400)
+        return text_response(200 if engine.is_ready() else 400)
 
     @app.get("/v2")
     async def server_metadata() -> Response:
@@ -198,7 +227,8 @@ def create_app(
 
     async def _generate(request: Request, model: str, version: str, streaming: bool) -> Response:
         status, content_type, body = await answer_generate(
-            engine, await request.body(), model, _route_version(version), max_input_size, streaming)
+            engine, await request.body(), model, _route_version(version), max_input_size, streaming,
+            request.headers.get("content-encoding", ""))
         if isinstance(body, bytes):
             return Response(body, status_code=status, media_type=content_type.decode())
         return StreamingResponse(body, status_code=status, media_type=content_type.decode())
@@ -227,16 +257,19 @@ def create_app(
     @app.get("/v2/models/{model}/versions/{version}/ready")
     async def model_ready(model: str, version: str = "") -> Response:
         if engine.model_ready(model, _route_version(version)):
-            return Response(status_code=200)
-        return json_response({"error": "Model version not ready"}, 400)  # tritonserver's body
+            return text_response(200)
+        return text_response(400, b'{"error":"Model version not ready"}')  # tritonserver's answer
 
     @app.get("/v2/models/{model}/config")
     @app.get("/v2/models/{model}/versions/{version}/config")
     async def model_config(model: str, version: str = "") -> Response:
         return json_response(engine.model_config_dict(model, _route_version(version)))
 
+    # a repository named in the path (tritonserver's optional /v2/repository/<name>/...): the index ignores it, model
+    # control refuses it
     @app.post("/v2/repository/index")
-    async def repository_index(request: Request) -> Response:
+    @app.post("/v2/repository/{repository}/index")
+    async def repository_index(request: Request, repository: str = "") -> Response:
         ready = (await json_body(request)).get("ready", False)
         if type(ready) is not bool:
             raise InvalidArgumentError(f"Invalid value for 'ready': expected a boolean, got {ready!r}")
@@ -246,7 +279,7 @@ def create_app(
     async def load(model: str, request: Request) -> Response:
         config, files = decode_load_parameters(_control_parameters(await json_body(request), "load"))
         await engine.load_model(model, config, files)
-        return Response(status_code=200)
+        return json_ok()
 
     @app.post("/v2/repository/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
@@ -254,7 +287,12 @@ def create_app(
         if type(dependents) is not bool:
             raise InvalidArgumentError(f"Unable to parse 'unload_dependents': expected a boolean, got {dependents!r}")
         await engine.unload_model(model, dependents)
-        return Response(status_code=200)
+        return json_ok()
+
+    @app.post("/v2/repository/{repository}/models/{model}/load")
+    @app.post("/v2/repository/{repository}/models/{model}/unload")
+    async def named_repository_control(repository: str, model: str) -> Response:
+        raise UnsupportedError("'repository_name' specification is not supported")
 
     from serving_pod.http.extensions import add_extension_routes
 
@@ -273,7 +311,7 @@ def _route_version(version: str) -> str:
     """``version`` of a model route; tritonserver's routes match versions as ``[0-9]+``, so any other is an
     unknown route to it (404 "Not Found"), where the engine would say the version string cannot be parsed."""
     if version and not (version.isascii() and version.isdigit()):
-        raise NotFoundError("Not Found")
+        raise HTTPException(404, "Not Found")
     return version
 
 

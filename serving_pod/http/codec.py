@@ -20,6 +20,7 @@ from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.parameters import RESERVED_PARAMETER_KEYS
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
+from serving_pod.http.responses import before_parsing
 
 
 def decode_base64(text: str, what: str) -> bytes:
@@ -40,9 +41,8 @@ def decode_infer_request(
     """
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
-            raise InvalidArgumentError(
-                f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
-            )
+            raise before_parsing(InvalidArgumentError(  # Triton's words
+                f"inference header size should be in range (0, {len(body)}), got: {header_length}"))
         header_bytes = body[:header_length]
         template = templates.lookup(header_bytes)
         if template is not None:
@@ -65,13 +65,10 @@ def decode_infer_request(
     offset = 0
     inputs: list[Tensor] = []
     for item in raw_inputs:
-        tensor, offset = _decode_input(item, binary, offset)
+        tensor, offset = _decode_input(item, binary, offset, model_name)
         inputs.append(tensor)
     if offset != len(binary):
-        raise InvalidArgumentError(
-            f"unexpected additional input data: the binary section holds {len(binary)} bytes "
-            f"but the inputs' binary_data_size add up to {offset}"
-        )
+        raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")  # Triton's words
     parameters = header.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("request 'parameters' must be a JSON object")
@@ -89,6 +86,9 @@ def decode_infer_request(
             out_params = out.get("parameters") or {}
             if not isinstance(out_params, dict):
                 raise InvalidArgumentError(f"output '{out['name']}': 'parameters' must be an object")
+            if type(out_params.get("classification")) is int and out_params["classification"] == 0:
+                # Triton's HTTP front end takes 0 classes as no classification
+                out_params = {key: value for key, value in out_params.items() if key != "classification"}
             if type(out_params.get("binary_data", False)) is not bool:
                 raise InvalidArgumentError(
                     f"output '{out['name']}': Unable to parse 'binary_data': expected true or false, "
@@ -130,7 +130,7 @@ def _check_http_parameters(parameters: dict[str, Any]) -> None:
             )
 
 
-def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise InvalidArgumentError("each input must be a JSON object")
     name = item.get("name")
@@ -163,11 +163,9 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
         if type(size) is not int or size < 0:
             raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
         end = offset + size
-        if end > len(binary):
-            raise InvalidArgumentError(
-                f"unexpected end of binary data for input '{name}': needs {size} bytes at offset "
-                f"{offset}, the body has {len(binary) - offset} left"
-            )
+        if end > len(binary):  # Triton's words
+            raise InvalidArgumentError(f"unexpected size for input '{name}', expecting {end - len(binary)} "
+                                       f"additional bytes for model '{model_name}'")
         data = datatypes.from_raw(datatype, shape_t, binary[offset:end], f"input '{name}'")
         return Tensor(name, datatype, data, params), end
     if "shared_memory_region" in params:
@@ -264,15 +262,13 @@ def encode_infer_response(
         else:
             entry["data"] = json_data(tensor)
         outputs_json.append(entry)
-    body: dict[str, Any] = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-        "outputs": outputs_json,
-    }
-    if response.id:
-        body["id"] = response.id
+    # Triton's order: id, model_name, model_version, parameters, outputs
+    body: dict[str, Any] = {"id": response.id} if response.id else {}
+    body["model_name"] = response.model_name
+    body["model_version"] = response.model_version
     if response.parameters:
         body["parameters"] = response.parameters
+    body["outputs"] = outputs_json
     header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, None

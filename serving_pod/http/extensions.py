@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.http.codec import decode_base64
-from serving_pod.http.responses import json_body, json_response
+from serving_pod.http.responses import json_body, json_ok, json_response
 from serving_pod.shm import CUDA, SYSTEM
 
 
@@ -53,13 +53,13 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
         offset = _uint(body, "offset", required=False, what="Shared memory")
         byte_size = _uint(body, "byte_size", required=True, what="Shared memory")
         shm.register_system(region, key, offset, byte_size)  # a duplicate name: ALREADY_EXISTS, HTTP 400 (Triton's)
-        return Response(status_code=200)
+        return json_ok()
 
     @app.post("/v2/systemsharedmemory/unregister")
     @app.post("/v2/systemsharedmemory/region/{region}/unregister")
     async def system_unregister(region: str = "") -> Response:
         shm.unregister(SYSTEM, region)
-        return Response(status_code=200)
+        return json_ok()
 
     @app.get("/v2/cudasharedmemory/status")
     @app.get("/v2/cudasharedmemory/region/{region}/status")
@@ -78,13 +78,13 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
         device_id = _uint(body, "device_id", required=True, what="CUDA shared memory")
         byte_size = _uint(body, "byte_size", required=True, what="CUDA shared memory")
         shm.register_cuda(region, raw, device_id, byte_size)
-        return Response(status_code=200)
+        return json_ok()
 
     @app.post("/v2/cudasharedmemory/unregister")
     @app.post("/v2/cudasharedmemory/region/{region}/unregister")
     async def cuda_unregister(region: str = "") -> Response:
         shm.unregister(CUDA, region)
-        return Response(status_code=200)
+        return json_ok()
 
     @app.get("/v2/trace/setting")
     @app.get("/v2/models/{model}/trace/setting")

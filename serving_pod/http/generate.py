@@ -11,10 +11,12 @@ front end does (``HandleGenerate`` and ``GenerateRequestClass`` in ``src/http_se
 - each response becomes one JSON object: every output tensor under its name (a single element as a scalar,
   else a flat array; BYTES as strings), every response parameter under its name, and ``"id"`` (when set),
   ``"model_name"`` and ``"model_version"``, keys in byte order as Triton's ``std::map`` writes them;
-- ``/generate`` answers ``application/json`` and expects exactly one response (a decoupled model that sends
-  another number gets Triton's error object); ``/generate_stream`` sends each response as a server-sent event
-  (``data: {...}\\n\\n``, ``text/event-stream``), errors during the stream as ``data: {"error": ...}`` events.
-  A request that fails before inference gets the usual JSON error and status.
+- ``/generate`` answers ``application/json`` and expects exactly one answer from the model, a response or an
+  error response (another number gets Triton's error object); ``/generate_stream`` sends each answer as a
+  server-sent event (``data: {...}\\n\\n``, ``text/event-stream``), an error as a ``data: {"error": ...}`` event
+  after which the stream goes on. The status goes out with the first answer: 400 when it is an error, else 200.
+  A request refused before inference (unknown model, a compressed or bad body, inputs that do not suit the
+  model) gets the usual JSON error and its status.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ SSE_PREFIX, SSE_SUFFIX = b"data: ", b"\n\n"
 JSON, EVENT_STREAM = b"application/json", b"text/event-stream; charset=utf-8"
 ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                 "generates various number of responses")
+#: the status of an answer whose first part is an error: Triton 2.51 reads the code of an error it has already
+#: freed (``GenerateRequestClass::InferResponseComplete``) and answers 400 for every code
+MODEL_ERROR_STATUS = 400
+UNSUPPORTED_ENCODING = "Unsupported content-encoding, only 'identity' is supported."
 
 
 def decode_generate_request(body: bytes, metadata: dict[str, Any], model: str, version: str,
@@ -133,70 +139,77 @@ def encode_generate_response(response: InferResponse) -> bytes:
     return orjson.dumps({key: fields[key] for key in sorted(fields, key=lambda k: k.encode())})
 
 
-def _error_object(error: ServerError) -> bytes:
-    return error_body(error)[1]
+def _encoded(answer: InferResponse | ServerError) -> tuple[bytes, bool]:
+    """An answer's JSON object, and whether it is an error object (the model's error, or a response JSON cannot
+    hold: Triton's ``FinalizeResponse`` fails on it)."""
+    if isinstance(answer, ServerError):
+        return error_body(answer)[1], True
+    try:
+        return encode_generate_response(answer), False
+    except ServerError as error:
+        return error_body(error)[1], True
 
 
-def _is_response(item: InferResponse | ServerError) -> bool:
-    """False for the flag-only completion a decoupled model sends last (no response in Triton's terms); an
-    error response (the engine streams those a model sends before more) is raised: it ends a generate stream."""
-    if isinstance(item, ServerError):
-        raise item
-    return bool(item.outputs or item.parameters or not item.final)
+async def _answers(stream: AsyncIterator[InferResponse | ServerError]) -> AsyncIterator[InferResponse | ServerError]:
+    """The model's answers to one request as Triton's generate endpoint counts them: each response and each error
+    response (the engine raises the one that ends the stream), in order; the flag-only completion a decoupled
+    model sends last is none. A request refused before it was queued (the engine's ``refused_before_queue``:
+    no such model version, inputs that do not suit it) raises its error: no answer was sent for it."""
+    try:
+        async for item in stream:
+            if isinstance(item, ServerError) or item.outputs or item.parameters or not item.final:
+                yield item
+    except ServerError as error:
+        if error.refused_before_queue:
+            raise
+        yield error
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:  # a client gone before the last answer: nobody reads the model's stream now
+            await close()
 
 
 Answer = tuple[int, bytes, "bytes | AsyncIterator[bytes]"]
 
 
 async def answer_generate(engine: Any, body: bytes, model: str, version: str, limit: int,
-                          streaming: bool) -> Answer:
-    """(status, content type, body or async chunks) for one generate request.
+                          streaming: bool, encoding: str = "") -> Answer:
+    """(status, content type, body or async chunks) for one generate request; ``encoding``: its Content-Encoding.
 
-    A failure before the first response (an unknown model, a bad body, validation, a model error on its only
-    response) is a JSON error with its status. After that the status is sent, so a later error, or a
-    ``/generate`` that did not get exactly one response, is an error object in the body, as in Triton.
+    A request refused before inference (an unknown model, an encoded or bad body, validation) is a JSON error
+    with its status. Otherwise the status goes out with the model's first answer, as in Triton 2.51: 200, or 400
+    when that answer is an error (whatever its code); ``/generate_stream`` then sends every answer, errors
+    included, as an event, and ``/generate`` the one answer it expects (an error object when there are more, or
+    none).
     """
     try:
-        request = decode_generate_request(body, engine.model_metadata(model, version), model, version, limit)
-        stream = engine.stream_infer(request)
-        first = await _next_response(stream)
+        metadata = engine.model_metadata(model, version)
+        if encoding.strip().lower() not in ("", "identity"):  # checked once the model is found, as Triton does
+            raise InvalidArgumentError(UNSUPPORTED_ENCODING)
+        request = decode_generate_request(body, metadata, model, version, limit)
+        answers = _answers(engine.stream_infer(request))
+        first = await anext(answers, None)
     except ServerError as error:
         status, payload = error_body(error)
         return status, JSON, payload
+    payload, failed = _encoded(first) if first is not None else (b"", False)
+    status = MODEL_ERROR_STATUS if failed else 200
     if streaming:
-        return 200, EVENT_STREAM, _events(first, stream)
-    responses = [first] if first is not None else []
-    try:
-        async for item in stream:
-            if _is_response(item):
-                responses.append(item)
-    except ServerError as error:
-        return 200, JSON, _error_object(error)
-    if len(responses) != 1:
-        return 200, JSON, _error_object(InternalError(ONE_RESPONSE))
-    try:
-        return 200, JSON, encode_generate_response(responses[0])
-    except ServerError as error:  # a response parameter JSON cannot hold
-        return 200, JSON, _error_object(error)
+        return status, EVENT_STREAM, _events(payload if first is not None else None, answers)
+    count = 0 if first is None else 1
+    async for _ in answers:
+        count += 1
+    if count != 1:
+        payload = error_body(InternalError(ONE_RESPONSE))[1]
+    return status, JSON, payload
 
 
-async def _next_response(stream: AsyncIterator[InferResponse]) -> InferResponse | None:
-    async for item in stream:
-        if _is_response(item):
-            return item
-    return None
-
-
-async def _events(first: InferResponse | None, stream: AsyncIterator[InferResponse]) -> AsyncIterator[bytes]:
-    """The stream's events; an error (the model's, or a response that cannot be encoded) is the last one."""
+async def _events(first: bytes | None, answers: AsyncIterator[InferResponse | ServerError]) -> AsyncIterator[bytes]:
+    """Each answer as an event: ``first`` (already encoded), then the rest, errors as error objects."""
     try:
         if first is not None:
-            yield SSE_PREFIX + encode_generate_response(first) + SSE_SUFFIX
-        async for item in stream:
-            if _is_response(item):
-                yield SSE_PREFIX + encode_generate_response(item) + SSE_SUFFIX
-    except ServerError as error:
-        yield SSE_PREFIX + _error_object(error) + SSE_SUFFIX
-        close = getattr(stream, "aclose", None)
-        if close is not None:  # an encoding error leaves the model's stream open: nobody reads it now
-            await close()
+            yield SSE_PREFIX + first + SSE_SUFFIX
+        async for answer in answers:
+            yield SSE_PREFIX + _encoded(answer)[0] + SSE_SUFFIX
+    finally:
+        await answers.aclose()  # type: ignore[attr-defined]  # an async generator (``_answers``)

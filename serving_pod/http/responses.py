@@ -1,5 +1,11 @@
 """Small HTTP helpers shared by the adapter's modules: bounded body reading, raw ASGI responses, JSON bodies,
-and ``ServerError`` -> ``{"error": msg}`` with the status from ``core.errors``."""
+and ``ServerError`` -> ``{"error": msg}`` with the status from ``core.errors``.
+
+Content types of error answers follow tritonserver 2.51, whose handlers set ``application/json`` as their first
+step for some routes only: an answer from a route without one (health, model readiness, an unknown route), or
+an inference error found before the request body is parsed, carries libevhtp's default ``text/plain`` while its
+body is still the ``{"error": ...}`` object (tritonclient reads the body whatever the type).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,31 @@ from serving_pod.core.errors import InvalidArgumentError, ServerError, http_stat
 from serving_pod.http.compression import size_error
 
 
+JSON = b"application/json"
+#: libevhtp's default content type, which tritonserver's answers carry where its handler set none (module docstring)
+TEXT = b"text/plain"
+#: the prefixes of the engine's model lookup errors (``core.errors``): tritonserver finds these before it parses an
+#: inference body (``CheckTransactionPolicy``), so it answers them as ``TEXT``
+_LOOKUP_ERRORS = ("Request for unknown model: ", "failed to get model version from specified version string")
+
+
 def error_body(error: ServerError) -> tuple[int, bytes]:
     return http_status(error), orjson.dumps({"error": error.message})
+
+
+def before_parsing(error: ServerError) -> ServerError:
+    """Mark ``error`` as one tritonserver finds before it parses an inference body (a request header, the
+    body's encoding, the model's transaction policy): answered as ``TEXT`` (``infer_content_type``)."""
+    setattr(error, "before_parsing", True)
+    return error
+
+
+def infer_content_type(error: ServerError) -> bytes:
+    """The content type of an inference error answer: ``TEXT`` for what tritonserver finds before parsing the body
+    (``before_parsing``, or the model lookup), else ``JSON``."""
+    if getattr(error, "before_parsing", False) or error.message.startswith(_LOOKUP_ERRORS):
+        return TEXT
+    return JSON
 
 
 async def read_body(receive: Callable, limit: int) -> bytes:
@@ -44,7 +73,7 @@ async def send_response(
     status: int,
     body: bytes,
     headers: list[tuple[bytes, bytes]],
-    content_type: bytes = b"application/json",
+    content_type: bytes = JSON,
 ) -> None:
     headers = headers + [
         (b"content-type", content_type),
@@ -56,6 +85,17 @@ async def send_response(
 
 def json_response(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def json_ok() -> Response:
+    """An empty 200 from a route whose tritonserver handler sets ``application/json`` (model control, shared
+    memory registration)."""
+    return Response(status_code=200, media_type="application/json")
+
+
+def text_response(status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> Response:
+    """An answer typed ``TEXT`` exactly (Starlette would add a charset to a ``text/`` media type)."""
+    return Response(body, status_code=status, headers={**(headers or {}), "content-type": "text/plain"})
 
 
 async def json_body(request: Request) -> dict[str, Any]:

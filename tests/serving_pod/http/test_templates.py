@@ -113,9 +113,9 @@ def test_a_json_only_request_is_never_a_template() -> None:
 
 
 @pytest.mark.parametrize(("binary", "message"), [
-    (np.zeros(3, "<f4").tobytes(), "unexpected additional input data: the binary section holds 12 bytes"),
-    (np.zeros(1, "<f4").tobytes(), "unexpected end of binary data for input 'A': needs 8 bytes at offset 0"),
-    (b"", "unexpected end of binary data for input 'A'"),
+    (np.zeros(3, "<f4").tobytes(), "unexpected additional input data for model 'm'"),
+    (np.zeros(1, "<f4").tobytes(), "unexpected size for input 'A', expecting 4 additional bytes for model 'm'"),
+    (b"", "unexpected size for input 'A', expecting 8 additional bytes for model 'm'"),
 ])
 def test_a_body_that_disagrees_with_its_template_gets_the_full_parse_error(binary, message) -> None:
     header = {"inputs": [_binary_input("A", "FP32", [2], 8)]}
@@ -156,6 +156,6 @@ def test_repeated_binary_requests_get_the_answer_for_their_own_data(threaded_ser
     for body, status in ((head + b"\0" * 128, 200), (head + b"\0" * 127, 400), (head + b"\1" * 128, 200)):
         answer = httpx.post(url, content=body, headers={"Inference-Header-Content-Length": str(len(head))}, timeout=30)
         assert answer.status_code == status, answer.text
-    assert "unexpected end of binary data for input 'INPUT1'" in httpx.post(
+    assert "unexpected size for input 'INPUT1', expecting 1 additional bytes for model 'simple'" == httpx.post(
         url, content=head + b"\0" * 127, headers={"Inference-Header-Content-Length": str(len(head))}, timeout=30,
     ).json()["error"]

@@ -83,7 +83,8 @@ def test_bad_classification_parameter_is_refused(server):
     import httpx
 
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 0}}]}
+            "outputs": [{"name": "OUTPUT0", "parameters": {"classification": -1}}]}
+    # (0 over HTTP is no classification, a plain output, as Triton's HTTP front end reads it)
     response = httpx.post(f"http://{server.http_url}/v2/models/cls/infer", json=body)
     assert response.status_code == 400
     assert "'classification' must be a positive integer" in response.json()["error"]

@@ -1,0 +1,292 @@
+"""The HTTP surface answered as NVIDIA Triton 2.51 answers it: status, content type, encoding headers and body.
+
+Each case below was sent to Triton 2.51 (CPU, python backend) and to Ferry serving the same python models; the
+expected answers are Triton's. Ferry is checked against them always, and Triton itself where it can be had
+(``support.triton``), so the table cannot drift from what Triton does. Differences left on purpose (a 400 where
+Triton answers 500 for a malformed body, ...) are not in the table.
+
+Triton's content types are route by route: its handlers for metadata, configuration, statistics and the
+repository set ``application/json`` first, while health, model readiness, unknown routes and inference errors
+found before the body is parsed keep libevhtp's default ``text/plain`` (with the same ``{"error": ...}`` body).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import numpy as np
+import pytest
+
+from support.server import ServerThread, make_options, write_model
+
+ADD_SUB_CONFIG = """
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
+
+ADD_SUB_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (a + b).astype(np.int32)),
+                                                   pb_utils.Tensor("OUTPUT1", (a - b).astype(np.int32))]))
+        return out
+'''
+
+COUNTER_CONFIG = """
+name: "counter"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+COUNTER_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for i in range(int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+MODELS = ("add_sub", "counter")
+
+
+def _json(document: Any) -> bytes:
+    return json.dumps(document).encode()
+
+
+def _inputs(**extra: Any) -> bytes:
+    return _json({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                             {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}],
+                  **extra})
+
+
+def _binary(tail: int = 0) -> tuple[bytes, dict[str, str]]:
+    """A binary add_sub request; ``tail`` bytes more (> 0) or fewer (< 0) than its inputs declare."""
+    header = _json({"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 4],
+                                "parameters": {"binary_data_size": 16}} for name in ("INPUT0", "INPUT1")]})
+    data = np.arange(8, dtype=np.int32).tobytes()
+    data = data + b"\0" * tail if tail >= 0 else data[:tail]
+    return header + data, {"Inference-Header-Content-Length": str(len(header))}
+
+
+class Case(NamedTuple):
+    method: str
+    path: str
+    body: bytes = b""
+    headers: dict[str, str] = {}
+
+
+class Answer(NamedTuple):
+    status: int
+    content_type: str | None
+    #: the encoding headers: content-encoding of the answer, accept-encoding of a 501 for the request's
+    encodings: tuple[str | None, str | None]
+    body: bytes  # decoded from its content-encoding
+
+
+def _error(message: str) -> bytes:
+    return json.dumps({"error": message}, separators=(",", ":")).encode()
+
+
+def _text(status: int, message: str) -> Answer:
+    return Answer(status, "text/plain", (None, None), _error(message))
+
+
+def _typed(status: int, message: str) -> Answer:
+    return Answer(status, "application/json", (None, None), _error(message))
+
+
+OUTPUTS = (b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"data":[2,3,4,5]},'
+           b'{"name":"OUTPUT1","datatype":"INT32","shape":[1,4],"data":[0,1,2,3]}')
+SUM = b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS + b"]}"
+NOT_FOUND = _text(404, "Not Found")
+NOT_ALLOWED_TEXT = _text(405, "Method Not Allowed")
+NOT_ALLOWED_JSON = _typed(405, "Method Not Allowed")
+EMPTY_TEXT = Answer(200, "text/plain", (None, None), b"")
+
+CASES: dict[str, tuple[Case, Answer]] = {
+    # a decoupled model on the plain inference route: Triton's words, found before the body is read
+    "decoupled model infer": (Case("POST", "/v2/models/counter/infer", _json(
+        {"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [2]}]})),
+        _text(501, "HTTP end point doesn't support models with decoupled transaction policy")),
+    # health and readiness: text/plain, even when empty
+    "server live": (Case("GET", "/v2/health/live"), EMPTY_TEXT),
+    "server ready": (Case("GET", "/v2/health/ready"), EMPTY_TEXT),
+    "server live by POST": (Case("POST", "/v2/health/live"), NOT_ALLOWED_TEXT),
+    "model ready": (Case("GET", "/v2/models/add_sub/ready"), EMPTY_TEXT),
+    "model version ready": (Case("GET", "/v2/models/add_sub/versions/1/ready"), EMPTY_TEXT),
+    "unknown model ready": (Case("GET", "/v2/models/nope/ready"), _text(400, "Model version not ready")),
+    "unknown version ready": (Case("GET", "/v2/models/add_sub/versions/2/ready"),
+                              _text(400, "Model version not ready")),
+    "model ready by POST": (Case("POST", "/v2/models/add_sub/ready"), NOT_ALLOWED_TEXT),
+    "model ready, version too large": (Case("GET", "/v2/models/add_sub/versions/99999999999999999999/ready"), _text(
+        400, "failed to get model version from specified version string '99999999999999999999' (details: stol), "
+             "version should be an integral value > 0")),
+    # unknown routes: no handler, text/plain
+    "unknown route": (Case("GET", "/v3/foo"), NOT_FOUND),
+    "health with a trailing slash": (Case("GET", "/v2/health/live/"), NOT_FOUND),
+    "metadata with a trailing slash": (Case("GET", "/v2/models/add_sub/"), NOT_FOUND),
+    "version that is not a number": (Case("GET", "/v2/models/add_sub/versions/abc"), NOT_FOUND),
+    "infer, version not a number": (Case("POST", "/v2/models/add_sub/versions/abc/infer", _inputs()), NOT_FOUND),
+    "trace setting of a version": (Case("GET", "/v2/models/add_sub/versions/1/trace/setting"), NOT_FOUND),
+    "unknown model control action": (Case("POST", "/v2/repository/models/add_sub/bogus"), NOT_FOUND),
+    # inference: text/plain for what Triton finds before parsing the body, application/json after
+    "infer by GET": (Case("GET", "/v2/models/add_sub/infer"), NOT_ALLOWED_TEXT),
+    "infer unknown model": (Case("POST", "/v2/models/nope/infer", _inputs()),
+                            _text(404, "Request for unknown model: 'nope' is not found")),
+    "infer unknown version": (Case("POST", "/v2/models/add_sub/versions/2/infer", _inputs()),
+                              _text(404, "Request for unknown model: 'add_sub' version 2 is not found")),
+    "infer header length past the body": (Case("POST", "/v2/models/add_sub/infer", _binary()[0], {
+        "Inference-Header-Content-Length": "300"}),
+        _text(400, "inference header size should be in range (0, 240), got: 300")),
+    "infer negative header length": (Case("POST", "/v2/models/add_sub/infer", _binary()[0], {
+        "Inference-Header-Content-Length": "-1"}),
+        _text(400, "inference header size should be in range (0, 240), got: -1")),
+    "infer unsupported content encoding": (
+        Case("POST", "/v2/models/add_sub/infer", _inputs(), {"Content-Encoding": "br"}),
+        Answer(501, "text/plain", (None, "gzip, deflate"), b'{"error":"Unsupported compression type"}')),
+    "infer more binary data than declared": (Case("POST", "/v2/models/add_sub/infer", *_binary(2)),
+                                             _typed(400, "unexpected additional input data for model 'add_sub'")),
+    "infer less binary data than declared": (Case("POST", "/v2/models/add_sub/infer", *_binary(-4)), _typed(
+        400, "unexpected size for input 'INPUT1', expecting 4 additional bytes for model 'add_sub'")),
+    "infer with zero classes": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        outputs=[{"name": "OUTPUT0", "parameters": {"classification": 0}}])), Answer(
+        200, "application/json", (None, None),
+        b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS.split(b"},")[0] + b"}]}")),
+    "infer with an id": (Case("POST", "/v2/models/add_sub/infer", _inputs(id="r1")), Answer(
+        200, "application/json", (None, None), b'{"id":"r1",' + SUM[1:])),
+    # response encoding: the accepted one of the highest q-value, the first among equals
+    "gzip refused by its q-value": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
+        "Accept-Encoding": "gzip;q=0"}), Answer(200, "application/json", (None, None), SUM)),
+    "deflate listed first": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {"Accept-Encoding": "deflate, gzip"}),
+                             Answer(200, "application/json", ("deflate", None), SUM)),
+    "identity preferred": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
+        "Accept-Encoding": "identity;q=0.5, gzip;q=0.2"}), Answer(200, "application/json", (None, None), SUM)),
+    "gzip of the highest q-value": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
+        "Accept-Encoding": "deflate;q=0.5, gzip;q=0.9"}), Answer(200, "application/json", ("gzip", None), SUM)),
+    "gzip request body": (Case("POST", "/v2/models/add_sub/infer", gzip.compress(_inputs()), {
+        "Content-Encoding": "gzip"}), Answer(200, "application/json", (None, None), SUM)),
+    # routes whose handler sets application/json first
+    "server metadata by POST": (Case("POST", "/v2"), NOT_ALLOWED_JSON),
+    "model metadata by POST": (Case("POST", "/v2/models/add_sub"), NOT_ALLOWED_JSON),
+    "model config by POST": (Case("POST", "/v2/models/add_sub/config"), NOT_ALLOWED_JSON),
+    "repository index by GET": (Case("GET", "/v2/repository/index"), NOT_ALLOWED_JSON),
+    "unknown model metadata": (Case("GET", "/v2/models/nope"),
+                               _typed(404, "Request for unknown model: 'nope' is not found")),
+    "unloading an unknown model": (Case("POST", "/v2/repository/models/nope/unload"),
+                                   Answer(200, "application/json", (None, None), b"")),
+    # a repository named in the path: the index ignores it, model control refuses it
+    "named repository index": (Case("POST", "/v2/repository/any/index", _json({"ready": True})), Answer(
+        200, "application/json", (None, None),
+        b'[{"name":"add_sub","version":"1","state":"READY"},{"name":"counter","version":"1","state":"READY"}]')),
+    "named repository load": (Case("POST", "/v2/repository/any/models/add_sub/load"),
+                              _typed(501, "'repository_name' specification is not supported")),
+    "named repository unload": (Case("POST", "/v2/repository/any/models/add_sub/unload"),
+                                _typed(501, "'repository_name' specification is not supported")),
+}
+
+
+def _answer(port: int, case: Case) -> Answer:
+    headers = {"Accept-Encoding": "identity", **case.headers}  # httpx asks for gzip unless told otherwise
+    response = httpx.request(case.method, f"http://127.0.0.1:{port}{case.path}", content=case.body,
+                             headers=headers, timeout=30)
+    headers = response.headers
+    return Answer(response.status_code, headers.get("content-type"),
+                  (headers.get("content-encoding"), headers.get("accept-encoding")), response.content)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("http_parity")
+    write_model(path, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
+    write_model(path, "counter", COUNTER_CONFIG, {"1/model.py": COUNTER_MODEL})
+    return path
+
+
+@pytest.fixture(scope="module")
+def ferry_port(repository: Path):
+    thread = ServerThread(make_options([repository], model_control_mode="explicit", load_models=MODELS))
+    handle = thread.start()
+    yield handle.server.http_port
+    thread.stop()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_ferry_answers_as_triton(ferry_port: int, name: str) -> None:
+    case, expected = CASES[name]
+    assert _answer(ferry_port, case) == expected
+
+
+def test_http_workers_answer_as_triton(repository: Path) -> None:
+    """``--http-workers``: the worker processes' inference path and the routes they forward give the same answers."""
+    import signal
+    import subprocess
+    import sys
+
+    from support.server import free_ports, wait_ready
+
+    http, grpc, metrics = free_ports(3)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving_pod", f"--model-repository={repository}", f"--http-port={http}",
+         f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+         "--metrics-address=127.0.0.1", "--http-workers=2", "--model-control-mode=explicit",
+         *(f"--load-model={model}" for model in MODELS)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(http, process)
+        answers = {name: _answer(http, case) for name, (case, _) in CASES.items()}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    assert answers == {name: expected for name, (_, expected) in CASES.items()}
+
+
+def test_triton_answers_as_the_table_says(repository: Path) -> None:
+    """Side by side: Triton 2.51 gives every answer of the table (skipped where it cannot be had)."""
+    from support.triton import running_triton
+
+    with running_triton(repository, MODELS) as (http, _, _):
+        answers = {name: _answer(http, case) for name, (case, _) in CASES.items()}
+    assert answers == {name: expected for name, (_, expected) in CASES.items()}
+
+
+def test_tritonclient_reads_the_text_typed_errors(ferry_port: int) -> None:
+    """tritonclient reads an error from the body, whatever its content type."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{ferry_port}")
+    assert client.is_server_live() and client.is_model_ready("add_sub") and not client.is_model_ready("nope")
+    tensor = httpclient.InferInput("N", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("counter", [tensor])
+    assert error.value.message() == "HTTP end point doesn't support models with decoupled transaction policy"
+    assert error.value.status() == "501"
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
+        client.infer("nope", [tensor])
+    client.close()
