@@ -1,7 +1,8 @@
 """gRPC codec: ``ModelInferRequest`` <-> ``InferRequest``, ``InferResponse`` -> ``ModelInferResponse``.
 
-Protobuf never leaves ``serving_pod.grpc``. Inputs come from ``raw_input_contents`` (zero-copy views)
-or typed ``contents``; outputs always go out as ``raw_output_contents``, as Triton does. The native front
+Protobuf never leaves ``serving_pod.grpc``. Inputs come from ``raw_input_contents`` (zero-copy views),
+typed ``contents`` or shared memory, paired with the inputs and refused in the words of Triton's gRPC front
+end (``decode_infer_request``); outputs always go out as ``raw_output_contents``, as Triton does. The native front
 end hands ``ModelInfer`` its message serialized (``decode_serialized``: a repeated message is built from a
 template, ``templates``).
 """
@@ -54,7 +55,8 @@ _SHM_PARAMETER_KINDS = {
 
 def check_shared_memory_parameters(params, tensor: str) -> None:
     """Triton's gRPC checks of a tensor's ``shared_memory_*`` parameters (kinds; no size or offset without a
-    region); the placement itself is checked by ``serving_pod.shm`` once the region is known."""
+    region, no region without a size); the placement itself is checked by ``serving_pod.shm`` once the region
+    is known."""
     for key, kind in _SHM_PARAMETER_KINDS.items():
         if key in params and params[key].WhichOneof("parameter_choice") != kind:
             raise InvalidArgumentError(
@@ -66,14 +68,59 @@ def check_shared_memory_parameters(params, tensor: str) -> None:
                 raise InvalidArgumentError(
                     f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor '{tensor}'"
                 )
+    elif "shared_memory_byte_size" not in params:
+        raise InvalidArgumentError(
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter for tensor "
+            f"'{tensor}'"
+        )
 
 
 def _output_parameters(params, name: str) -> dict[str, Any]:
+    """A requested output's parameters, with the checks of Triton's gRPC front end (``InferAllocatorPayload``)."""
     check_shared_memory_parameters(params, name)
+    if "classification" in params:
+        if params["classification"].WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidArgumentError("invalid value type for 'classification' parameter, expected int64_param")
+        if "shared_memory_region" in params:
+            raise InvalidArgumentError("output can't set both 'shared_memory_region' and 'classification'")
     out = parameters_to_dict(params)
     if "shared_memory_region" in out:
         # 'binary_data' is an HTTP parameter: Triton's gRPC ignores it beside a region, HTTP refuses the pair
         out.pop("binary_data", None)
+    return out
+
+
+#: the request parameters Triton's gRPC front end reads itself -> the InferParameter kinds it takes, in its words
+_RESERVED_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
+    "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
+    "timeout": (("int64_param",), "int64_param"),
+    "triton_enable_empty_final_response": (("bool_param",), "bool_param"),
+}
+
+
+def request_parameters(params) -> dict[str, Any]:
+    """A request's ``parameters`` as python values, refused as Triton's gRPC front end refuses them
+    (``SetInferenceRequestMetadata``): a reserved key of another kind, a negative priority, a value of no kind.
+    The values themselves (an unsigned timeout...) and unknown ``triton_`` keys are the engine's to check,
+    for both protocols (``core.parameters``). Other keys take any kind with a value (Triton 2.51 refuses
+    ``uint64_param`` there; the model is given it here)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        which = value.WhichOneof("parameter_choice")
+        reserved = _RESERVED_KINDS.get(key)
+        if reserved is not None:
+            if which not in reserved[0]:
+                raise InvalidArgumentError(f"invalid value type for '{key}' parameter, expected {reserved[1]}.")
+            if which == "int64_param" and key == "priority" and value.int64_param < 0:
+                raise InvalidArgumentError("invalid value for 'priority', expected value >= 0.")
+        elif which is None and not key.startswith("triton_"):
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param."
+            )
+        out[key] = getattr(value, which) if which else None
     return out
 
 
@@ -93,48 +140,120 @@ def dict_to_parameters(values: dict[str, Any], target) -> None:
             param.string_param = str(value)
 
 
-def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+#: the typed ``contents`` fields in the order Triton's gRPC front end reads them (``InferGRPCToInput``)
+_CONTENTS_ORDER = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
+                   "fp32_contents", "fp64_contents", "bytes_contents")
+_CONTENTS_TYPES = {"bool_contents": "BOOL", "int64_contents": "INT64", "uint64_contents": "UINT64",
+                   "fp32_contents": "FP32", "fp64_contents": "FP64", "bytes_contents": "BYTES"}
+_SHARED_MEMORY = object()  # an input's data source: its region, read by the engine
+_CONTENTS = object()  # an input's data source: its typed contents
+
+
+def _contents_type(field: str, declared: str) -> str:
+    """The datatype the values of ``field`` have, as Triton sees them: INT8 and INT16 (UINT8, UINT16) travel in
+    ``int_contents`` (``uint_contents``), which otherwise hold INT32 (UINT32)."""
+    if field == "int_contents":
+        return declared if declared in ("INT8", "INT16") else "INT32"
+    if field == "uint_contents":
+        return declared if declared in ("UINT8", "UINT16") else "UINT32"
+    return _CONTENTS_TYPES[field]
+
+
+def _check_contents(item, model: str) -> None:
+    """Triton's words for typed contents that cannot be the input's: a field of another datatype than the
+    declared one, or a second field beside it."""
+    declared = item.datatype if item.datatype in datatypes.WIRE_TO_NUMPY else "<invalid>"
+    found = False
+    for field in _CONTENTS_ORDER:
+        if not getattr(item.contents, field):
+            continue
+        where = f"unexpected explicit tensor data for input tensor '{item.name}' for model '{model}'"
+        if found:
+            raise InvalidArgumentError(f"{where}, binary data was already supplied.")
+        carried = _contents_type(field, item.datatype)
+        if carried != declared:
+            raise InvalidArgumentError(f"{where} of type '{carried}', expected datatype '{declared}'")
+        found = True
+
+
+def _data_sources(message: pb.ModelInferRequest) -> list[Any]:
+    """Where each input's data is, as Triton's gRPC front end pairs them: an input in shared memory takes its
+    region, one with typed contents those (never beside raw_input_contents), every other input the next
+    raw_input_contents entry. Entries left over are refused (Triton 2.51 ignores them: only a client's mistake
+    sends them)."""
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidArgumentError(
-            f"expected {len(message.inputs)} raw_input_contents (one per input), got {len(raw)}"
-        )
-    inputs: list[Tensor] = []
-    for index, item in enumerate(message.inputs):
-        name, datatype = item.name, item.datatype
-        shape = tuple(item.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
-        datatypes.check_shape(f"input '{name}'", shape)
-        params = {}
+    model = message.model_name
+    sources: list[Any] = []
+    used = 0
+    for item in message.inputs:
+        in_region = False
         if item.parameters:
-            check_shared_memory_parameters(item.parameters, name)
-            params = parameters_to_dict(item.parameters)
-        if raw:
-            data = datatypes.from_raw(datatype, shape, raw[index], f"input '{name}'")
-        elif "shared_memory_region" in params:
-            # placeholder of the right shape, no memory; the engine reads the region into it
-            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
+            check_shared_memory_parameters(item.parameters, item.name)
+            in_region = "shared_memory_region" in item.parameters
+        if in_region:
+            if item.HasField("contents"):
+                raise InvalidArgumentError(
+                    "unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{item.name}' for model '{model}'"
+                )
+            sources.append(_SHARED_MEMORY)
         elif item.HasField("contents"):
-            data = _from_contents(item, datatype, shape)
+            if raw:
+                raise InvalidArgumentError(
+                    f"contents field must not be specified when using raw_input_contents for '{item.name}' "
+                    f"for model '{model}'"
+                )
+            _check_contents(item, model)
+            sources.append(_CONTENTS)
+        elif used < len(raw):
+            sources.append(raw[used])
+            used += 1
         else:
             raise InvalidArgumentError(
-                f"input '{name}' has no data: set raw_input_contents or contents"
+                f"unable to find data for input tensor '{item.name}' for model '{model}' in request."
             )
-        inputs.append(Tensor(name, datatype, data, params))
+    if used != len(raw):
+        per = "one per input" if used == len(sources) else "one per input not in shared memory"
+        raise InvalidArgumentError(f"expected {used} raw_input_contents ({per}), got {len(raw)}")
+    return sources
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    """``ModelInferRequest`` -> ``InferRequest``, refused in the order Triton's gRPC front end refuses: the
+    request's parameters, each input's data, the requested outputs' parameters, then the tensors' shapes and
+    bytes (which Triton's core checks once the model is known: ``InferenceService`` looks the model up first
+    when this fails)."""
+    parameters = request_parameters(message.parameters) if message.parameters else {}
+    sources = _data_sources(message)
     outputs = None
     if message.outputs:
         outputs = [
             RequestedOutput(o.name, _output_parameters(o.parameters, o.name) if o.parameters else {})
             for o in message.outputs
         ]
+    inputs: list[Tensor] = []
+    for item, source in zip(message.inputs, sources):
+        name, datatype = item.name, item.datatype
+        shape = tuple(item.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
+        datatypes.check_shape(f"input '{name}'", shape)
+        params = parameters_to_dict(item.parameters) if item.parameters else {}
+        if source is _SHARED_MEMORY:
+            # placeholder of the right shape, no memory; the engine reads the region into it
+            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
+        elif source is _CONTENTS:
+            data = _from_contents(item, datatype, shape)
+        else:
+            data = datatypes.from_raw(datatype, shape, source, f"input '{name}'")
+        inputs.append(Tensor(name, datatype, data, params))
     return InferRequest(
         model_name=message.model_name,
         model_version=message.model_version,
         inputs=inputs,
         outputs=outputs,
         id=message.id,
-        parameters=parameters_to_dict(message.parameters) if message.parameters else {},
+        parameters=parameters,
     )
 
 

@@ -1,7 +1,9 @@
 """The gRPC adapter: Triton's ``inference.GRPCInferenceService`` and ``grpc.health.v1`` over grpc.aio.
 
 Each method decodes -> calls the engine -> encodes; ``ServerError`` maps through the same table as
-HTTP. Triton's protos come from tritonclient (registering a second copy would collide with it).
+HTTP. Where Triton's gRPC front end has words or an order of its own (a decoupled model over ``ModelInfer``,
+the model looked up before the request is read, a stream's error messages), they are kept here. Triton's
+protos come from tritonclient (registering a second copy would collide with it).
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from typing import Any, AsyncIterator
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from serving_pod.core.engine import Engine
-from serving_pod.core.errors import InvalidArgumentError, ServerError, UnsupportedError, grpc_code
+from serving_pod.core.errors import (
+    DecoupledModelError, InvalidArgumentError, ServerError, UnsupportedError, grpc_code,
+)
 from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest
 from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response, encode_serialized
@@ -41,14 +46,34 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
     await context.abort(grpc_code(error), error.message)
 
 
-def _stream_error(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
-    """The stream message that carries ``error`` for one request (or one of its responses)."""
-    return pb.ModelStreamInferResponse(
+#: ``ModelInfer`` of a decoupled model, in Triton's gRPC words (its HTTP front end has its own)
+_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+#: client metadata that turns a stream's response errors into the stream's status (Triton's ``triton_grpc_error``)
+_GRPC_ERROR_KEY = "triton_grpc_error"
+
+
+def _refused(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
+    """The stream message for a request refused before it was queued: only its id names it (tritonserver)."""
+    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=message.id))
+
+
+def _failed(message: pb.ModelInferRequest, error: ServerError, final: bool) -> pb.ModelStreamInferResponse:
+    """The stream message for an error response of a queued request: the request's model name, version (as the
+    client wrote it) and id, and whether it was the request's last response (tritonserver)."""
+    response = pb.ModelStreamInferResponse(
         error_message=error.message,
         infer_response=pb.ModelInferResponse(
             model_name=message.model_name, model_version=message.model_version, id=message.id
         ),
     )
+    response.infer_response.parameters["triton_final_response"].bool_param = final
+    return response
+
+
+def _grpc_error_mode(context: Any) -> bool:
+    """Whether the client asked for ``triton_grpc_error: true``: a response error ends the stream with its status
+    instead of travelling in ``error_message`` (requests refused before the model keep theirs, as in Triton 2.51)."""
+    return any(key == _GRPC_ERROR_KEY and value == "true" for key, value in context.invocation_metadata() or ())
 
 
 class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -117,38 +142,74 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             infer_request = decode_serialized(request) if serialized else decode_infer_request(request)
             if self.header_forward is not None:
                 self._forward(infer_request, context)
+        except ServerError as error:
+            await _abort(context, self._model_error(request, unary=True) or error)
+        try:
             response = await self.engine.infer(infer_request)
         except ServerError as error:
+            if isinstance(error, DecoupledModelError):
+                error = UnsupportedError(_DECOUPLED)
             await _abort(context, error)
         return encode_serialized(response) if serialized else encode_infer_response(response)
+
+    def _model_error(self, request: bytes | pb.ModelInferRequest, *, unary: bool) -> ServerError | None:
+        """For a request the codec refused: what Triton answers first, a model or version it cannot have, or a
+        decoupled model over ``ModelInfer`` (its gRPC front end looks the model up before reading the request);
+        None when the codec's error stands. Only on the error path: the request is parsed again if it came
+        serialized."""
+        if type(request) is bytes:
+            try:
+                request = pb.ModelInferRequest.FromString(request)
+            except DecodeError:
+                return None
+        try:
+            model = self.engine.registry.get(request.model_name, request.model_version)
+        except ServerError as error:
+            return error
+        return UnsupportedError(_DECOUPLED) if unary and model.decoupled else None
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Bidirectional stream: each request's responses are sent as they are produced."""
+        """Bidirectional stream: each request's responses are sent as they are produced, its errors as Triton
+        sends them: a request refused before the model named by its id alone (``_refused``), an error response
+        by the request and its final flag (``_failed``), or the stream's status with ``triton_grpc_error``."""
         queue: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
         reader_done = object()
+        grpc_error = _grpc_error_mode(context)
+
+        async def failed(message: pb.ModelInferRequest, error: ServerError, final: bool) -> None:
+            await queue.put(error if grpc_error else _failed(message, error, final))
 
         async def run_one(message: pb.ModelInferRequest) -> None:
             try:
                 infer_request = decode_infer_request(message)
                 if self.header_forward is not None:
                     self._forward(infer_request, context)
+            except ServerError as error:
+                await queue.put(_refused(message, self._model_error(message, unary=False) or error))
+                return
+            try:
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.engine.stream_infer(infer_request):
                     if isinstance(response, ServerError):  # this response failed; the request goes on
-                        await queue.put(_stream_error(message, response))
+                        await failed(message, response, False)
                         continue
                     decoupled = infer_request.responder is not None
-                    if not response.outputs and response.final and not enable_empty and decoupled:
-                        continue
+                    if not response.outputs and response.final and decoupled:
+                        if not enable_empty:
+                            continue
+                        response.model_version = message.model_version  # the flag only: as the client named it
                     encoded = encode_infer_response(response)
                     # every stream response says whether it is its request's last, decoupled model or not (tritonserver)
                     encoded.parameters["triton_final_response"].bool_param = response.final
                     await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
             except ServerError as error:
-                await queue.put(_stream_error(message, error))
+                if getattr(error, "refused_before_queue", False):  # set by the engine (``core.engine.mark_refused``)
+                    await queue.put(_refused(message, error))
+                else:  # the request's last response
+                    await failed(message, error, True)
 
         async def reader() -> None:
             try:
@@ -167,6 +228,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 item = await queue.get()
                 if item is reader_done:
                     break
+                if isinstance(item, ServerError):  # triton_grpc_error: the stream ends with the first one
+                    await _abort(context, item)
                 yield item
             # a request the stream could not deliver (a malformed message) ends the RPC with its error, after the
             # responses to the requests before it, instead of a silent OK

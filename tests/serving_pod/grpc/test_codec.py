@@ -4,7 +4,8 @@ numpy cannot hold.
 Covered: fixed-size, BYTES, several and no outputs, versions and shapes that change, tensor bytes long
 enough for a multi-byte length; the whole-message fallback for responses with parameters (their own or an
 output's) or an id; the bound on the kept prefixes; shapes too large for numpy (empty or in shared memory)
-and typed contents out of their datatype's range, each an INVALID_ARG.
+and typed contents out of their datatype's range, each an INVALID_ARG; raw_input_contents entries paired, in
+order, with the inputs outside shared memory (as Triton pairs them), one left over or missing refused.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def test_shapes_numpy_cannot_hold_are_invalid(datatype: str, shape: list[int], d
         item.contents.SetInParent()
     else:
         item.parameters["shared_memory_region"].string_param = "r"
+        item.parameters["shared_memory_byte_size"].int64_param = 64  # required beside a region
     with pytest.raises(InvalidArgumentError) as raised:  # was a ValueError: UNKNOWN "Unexpected <class ...>"
         codec.decode_infer_request(message)
     assert raised.value.message == f"input 'X': shape {shape} has too many elements"
@@ -81,3 +83,26 @@ def test_contents_out_of_their_datatypes_range_are_invalid(datatype: str, field:
     with pytest.raises(InvalidArgumentError) as raised:  # was an OverflowError
         codec.decode_infer_request(message)
     assert raised.value.message == f"input 'X': a value of its contents is out of range for {datatype}"
+
+
+def _paired(raw: int) -> pb.ModelInferRequest:
+    """Inputs A (raw), B (in shared memory), C (raw) and ``raw`` raw_input_contents entries of 4 bytes each."""
+    message = pb.ModelInferRequest(model_name="m")
+    for name in "ABC":
+        message.inputs.add(name=name, datatype="INT32", shape=[1])
+    message.inputs[1].parameters["shared_memory_region"].string_param = "r"
+    message.inputs[1].parameters["shared_memory_byte_size"].int64_param = 4
+    message.raw_input_contents.extend(np.array([index + 1], "<i4").tobytes() for index in range(raw))
+    return message
+
+
+def test_raw_entries_go_in_order_to_the_inputs_outside_shared_memory() -> None:
+    request = codec.decode_infer_request(_paired(2))  # was refused: 2 entries for 3 inputs
+    assert [t.data.tolist() for t in request.inputs] == [[1], [0], [2]]  # B: the placeholder the region fills
+    assert request.inputs[1].parameters["shared_memory_region"] == "r"
+    with pytest.raises(InvalidArgumentError) as raised:
+        codec.decode_infer_request(_paired(3))
+    assert raised.value.message == "expected 2 raw_input_contents (one per input not in shared memory), got 3"
+    with pytest.raises(InvalidArgumentError) as raised:
+        codec.decode_infer_request(_paired(1))
+    assert raised.value.message == "unable to find data for input tensor 'C' for model 'm' in request."

@@ -77,7 +77,9 @@ def test_messages_that_never_become_templates() -> None:
     typed = pb.ModelInferRequest(model_name="m")
     typed.inputs.add(name="X", datatype="INT32", shape=[2]).contents.int_contents.extend([1, 2])
     shm = pb.ModelInferRequest(model_name="m")
-    shm.inputs.add(name="X", datatype="FP32", shape=[1]).parameters["shared_memory_region"].string_param = "r"
+    shm_input = shm.inputs.add(name="X", datatype="FP32", shape=[1])
+    shm_input.parameters["shared_memory_region"].string_param = "r"
+    shm_input.parameters["shared_memory_byte_size"].int64_param = 4  # required beside a region
     for body in (numbered, typed.SerializeToString(), shm.SerializeToString()):
         decode_serialized(body)
         assert templates.lookup(body) is None

@@ -1,0 +1,359 @@
+"""The gRPC front end side by side with NVIDIA Triton 2.51: the same messages, Triton's answers.
+
+Each case sends raw ``inference.GRPCInferenceService`` messages (so that what tritonclient never sends can be
+sent: typed contents beside raw data, parameters of the wrong kind, a stream with ``triton_grpc_error``) and
+reduces the outcome to plain data: ``(code, details)`` or the response as a dict, a stream to its messages and
+how it ended. ``CASES`` holds Triton's answers as recorded from it: Ferry (both gRPC front ends) is held to
+them always, and Triton itself where it can be had (else that test is skipped with the installer's reason),
+so that the record cannot drift from what Triton says.
+
+Not compared, because Ferry answers otherwise on purpose or the words are not the gRPC front end's:
+Triton's core prefixes its refusals with ``[request id: <id_unknown>]`` and words raw-size and BYTES errors
+its own way (``core.datatypes`` words them for both protocols); a python model's exception carries its
+traceback in Triton; one raw_input_contents entry too many (Triton ignores it, Ferry refuses); request
+parameters of kind uint64 (Triton 2.51 refuses them, Ferry passes them on); classification counts <= 0
+(Triton says "expected >= 0" as it refuses 0, Ferry says "a positive integer").
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor
+
+from support.python_models import DATA as PYTHON_MODELS
+from support.server import DEFAULT_MODELS, ServerThread, make_options
+from support.triton import running_triton
+
+DECOUPLED = Path(__file__).resolve().parents[1] / "data" / "decoupled"
+MODELS = ("add_sub_py", "dec_counter", "params_echo", "py_error_response")
+F4 = np.arange(4, dtype=np.float32).tobytes()
+
+
+def _repository(root: Path) -> Path:
+    shutil.copytree(DEFAULT_MODELS / "add_sub_py", root / "add_sub_py")
+    shutil.copytree(PYTHON_MODELS / "py_error_response", root / "py_error_response")
+    for name in ("dec_counter", "params_echo"):
+        shutil.copytree(DECOUPLED / name, root / name)
+    return root
+
+
+# --- building messages --------------------------------------------------------------------------------------
+
+def _request(model: str = "add_sub_py", *, raw: tuple[bytes, ...] | None = None,
+             inputs: tuple[tuple[str, str, list[int]], ...] = (("INPUT0", "FP32", [4]), ("INPUT1", "FP32", [4])),
+             params: dict[str, tuple[str, Any]] | None = None, request_id: str = "") -> Any:
+    """A ``ModelInferRequest``: ``inputs`` with one raw entry each unless ``raw`` says otherwise."""
+    message = pb.ModelInferRequest(model_name=model, id=request_id)
+    for name, datatype, shape in inputs:
+        message.inputs.add(name=name, datatype=datatype, shape=shape)
+    message.raw_input_contents.extend([F4] * len(inputs) if raw is None else raw)
+    for key, (kind, value) in (params or {}).items():
+        setattr(message.parameters[key], kind, value)
+    return message
+
+
+def _typed(*fields: tuple[int, str, list[Any]], raw: tuple[bytes, ...] = ()) -> Any:
+    """add_sub_py's request with typed ``contents`` (input index, field, values) and ``raw`` entries."""
+    message = _request(raw=raw)
+    for index, field, values in fields:
+        getattr(message.inputs[index].contents, field).extend(values)
+    return message
+
+
+def _shared_memory(message: Any, index: int, *, byte_size: bool = True, output: bool = False) -> Any:
+    """``message`` with its input (or a requested output) ``index`` placed in the unregistered region 'nope'."""
+    tensor = message.outputs.add(name="OUTPUT0") if output else message.inputs[index]
+    tensor.parameters["shared_memory_region"].string_param = "nope"
+    if byte_size:
+        tensor.parameters["shared_memory_byte_size"].int64_param = 16
+    return message
+
+
+def _output(message: Any, **params: tuple[str, Any]) -> Any:
+    output = message.outputs.add(name="OUTPUT0")
+    for key, (kind, value) in params.items():
+        setattr(output.parameters[key], kind, value)
+    return message
+
+
+def _echo(**params: tuple[str, Any]) -> Any:
+    """A request to params_echo (OUT: the parameters its model saw, the correlation id, the timeout)."""
+    return _request("params_echo", inputs=(("X", "FP32", [4]),), params=params)
+
+
+def _count(count: int, mode: str = "", **params: tuple[str, Any]) -> Any:
+    """A request to dec_counter (``count`` responses; ``mode`` picks another behaviour, see its model.py)."""
+    if mode:
+        params["mode"] = ("string_param", mode)
+    return _request("dec_counter", inputs=(("COUNT", "INT32", [1]),), raw=(np.array([count], np.int32).tobytes(),),
+                    params=params, request_id="c")
+
+
+def _unset(message: Any, key: str) -> Any:
+    """``message`` with the parameter ``key`` of no kind (an InferParameter with nothing set)."""
+    message.parameters[key].Clear()
+    return message
+
+
+def _with(message: Any, **fields: Any) -> Any:
+    for name, value in fields.items():
+        setattr(message, name, value)
+    return message
+
+
+def _negative() -> Any:
+    """A request py_error_response answers with an INVALID_ARG error response."""
+    return _request("py_error_response", inputs=(("INPUT0", "INT32", [1, 1]),),
+                    raw=(np.array([[-1]], np.int32).tobytes(),), request_id="n")
+
+
+# --- running them ---------------------------------------------------------------------------------------------
+
+def _unary(message: Any) -> Callable[[Any], Any]:
+    def run(stub: Any) -> Any:
+        try:
+            return "OK", json_format.MessageToDict(stub.ModelInfer(message, timeout=60))
+        except grpc.RpcError as error:
+            return error.code().name, error.details()
+    return run
+
+
+def _stream(*messages: Any, metadata: tuple = ()) -> Callable[[Any], Any]:
+    def run(stub: Any) -> Any:
+        out: list[Any] = []
+        try:
+            for response in stub.ModelStreamInfer(iter(messages), timeout=60, metadata=metadata):
+                out.append(json_format.MessageToDict(response))
+            out.append(("end", "OK"))
+        except grpc.RpcError as error:
+            out.append(("end", error.code().name, error.details()))
+        return out
+    return run
+
+
+def _seen(message: Any) -> Callable[[Any], Any]:
+    """A params_echo request: what its model saw (parameters, correlation id, timeout), or the error."""
+    def run(stub: Any) -> Any:
+        code, answer = _unary(message)(stub)
+        if code != "OK":
+            return code, answer
+        seen = deserialize_bytes_tensor(base64.b64decode(answer["rawOutputContents"][0]))
+        return code, json.loads(seen[0]), seen[1].decode(), seen[2].decode()
+    return run
+
+
+def _server_metadata(stub: Any) -> Any:
+    try:
+        return json_format.MessageToDict(stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=60))
+    except grpc.RpcError as error:
+        return error.code().name, error.details()
+
+
+def _sum_and_difference() -> dict[str, Any]:
+    """add_sub_py's answer to two [0, 1, 2, 3] inputs."""
+    return {"modelName": "add_sub_py", "modelVersion": "1",
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": ["4"]},
+                        {"name": "OUTPUT1", "datatype": "FP32", "shape": ["4"]}],
+            "rawOutputContents": ["AAAAAAAAAEAAAIBAAADAQA==", "AAAAAAAAAAAAAAAAAAAAAA=="]}
+
+
+def _final(value: bool) -> dict[str, Any]:
+    return {"triton_final_response": {"boolParam": value}}
+
+
+def _counted(value: str) -> dict[str, Any]:
+    """dec_counter's non-final response carrying OUT = ``value`` (base64 of the INT32)."""
+    return {"inferResponse": {
+        "modelName": "dec_counter", "modelVersion": "1", "id": "c", "parameters": _final(False),
+        "outputs": [{"name": "OUT", "datatype": "INT32", "shape": ["1"]}], "rawOutputContents": [value]}}
+
+
+NO_DATA = "unable to find data for input tensor 'INPUT1' for model 'add_sub_py' in request."
+UNKNOWN = "Request for unknown model: 'nope' is not found"
+GRPC_ERROR = (("triton_grpc_error", "true"),)
+
+#: case -> (what it sends, Triton 2.51's answer)
+CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    # where each input's data is: raw entries go, in order, to the inputs without contents or a region
+    "an input without data": (_unary(_request(raw=(F4,))), ("INVALID_ARGUMENT", NO_DATA)),
+    "contents beside raw data": (_unary(_typed((0, "fp32_contents", [1, 2, 3, 4]), raw=(F4, F4))), (
+        "INVALID_ARGUMENT",
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub_py'")),
+    "contents on one input, raw data on the other": (_unary(_typed((0, "fp32_contents", [1, 2, 3, 4]), raw=(F4,))), (
+        "INVALID_ARGUMENT",
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub_py'")),
+    "contents of another datatype": (
+        _unary(_typed((0, "int_contents", [1, 2, 3, 4]), (1, "fp32_contents", [1, 2, 3, 4]))), (
+            "INVALID_ARGUMENT", "unexpected explicit tensor data for input tensor 'INPUT0' for model 'add_sub_py' "
+                                "of type 'INT32', expected datatype 'FP32'")),
+    "contents in two fields": (
+        _unary(_typed((0, "fp32_contents", [1, 2, 3, 4]), (0, "fp64_contents", [1, 2, 3, 4]),
+                      (1, "fp32_contents", [1, 2, 3, 4]))), (
+            "INVALID_ARGUMENT", "unexpected explicit tensor data for input tensor 'INPUT0' for model 'add_sub_py', "
+                                "binary data was already supplied.")),
+    "contents served": (_unary(_typed((0, "fp32_contents", [0, 1, 2, 3]), (1, "fp32_contents", [0, 1, 2, 3]))),
+                        ("OK", _sum_and_difference())),
+    "contents beside a region": (
+        _unary(_shared_memory(_typed((0, "fp32_contents", [1, 2, 3, 4]), (1, "fp32_contents", [1, 2, 3, 4])), 0)), (
+            "INVALID_ARGUMENT", "unexpected 'content' provided when using shared memory for input tensor 'INPUT0' "
+                                "for model 'add_sub_py'")),
+    "a region on one input, raw data on the other": (_unary(_shared_memory(_request(raw=(F4,)), 0)),
+                                                     ("NOT_FOUND", "Unable to find shared memory region: 'nope'")),
+    "an output region without its size": (_unary(_shared_memory(_request(), 0, byte_size=False, output=True)), (
+        "INVALID_ARGUMENT", "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+                            "parameter for tensor 'OUTPUT0'")),
+    "classification of kind uint64": (_unary(_output(_request(), classification=("uint64_param", 2))), (
+        "INVALID_ARGUMENT", "invalid value type for 'classification' parameter, expected int64_param")),
+    "classification of kind string": (_unary(_output(_request(), classification=("string_param", "2"))), (
+        "INVALID_ARGUMENT", "invalid value type for 'classification' parameter, expected int64_param")),
+    # the model comes first: Triton looks it up before reading the request
+    "an unknown model and no data": (_unary(_request("nope", raw=())), ("NOT_FOUND", UNKNOWN)),
+    "a bad version and contents beside raw data": (
+        _unary(_with(_typed((0, "fp32_contents", [1, 2, 3, 4]), raw=(F4, F4)), model_version="x")), (
+            "INVALID_ARGUMENT", "failed to get model version from specified version string 'x' (details: stol), "
+                                "version should be an integral value > 0")),
+    "an unknown model and a parameter of the wrong kind": (
+        _unary(_request("nope", params={"timeout": ("string_param", "5")})), ("NOT_FOUND", UNKNOWN)),
+    "a decoupled model": (_unary(_count(1)), (
+        "UNIMPLEMENTED", "ModelInfer RPC doesn't support models with decoupled transaction policy")),
+    "a decoupled model and no data": (_unary(_request("dec_counter", inputs=(("COUNT", "INT32", [1]),), raw=())), (
+        "UNIMPLEMENTED", "ModelInfer RPC doesn't support models with decoupled transaction policy")),
+    # request parameters: the kinds Triton's gRPC front end takes
+    "sequence_id of kind bool": (_unary(_echo(sequence_id=("bool_param", True))), (
+        "INVALID_ARGUMENT", "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")),
+    "sequence_id of kind double": (_unary(_echo(sequence_id=("double_param", 1.0))), (
+        "INVALID_ARGUMENT", "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")),
+    "sequence_start of kind int64": (_unary(_echo(sequence_start=("int64_param", 1))), (
+        "INVALID_ARGUMENT", "invalid value type for 'sequence_start' parameter, expected bool_param.")),
+    "sequence_end of kind string": (_unary(_echo(sequence_end=("string_param", "x"))), (
+        "INVALID_ARGUMENT", "invalid value type for 'sequence_end' parameter, expected bool_param.")),
+    "priority of kind string": (_unary(_echo(priority=("string_param", "x"))), (
+        "INVALID_ARGUMENT", "invalid value type for 'priority' parameter, expected int64_param or uint64_param.")),
+    "priority of kind double": (_unary(_echo(priority=("double_param", 1.0))), (
+        "INVALID_ARGUMENT", "invalid value type for 'priority' parameter, expected int64_param or uint64_param.")),
+    "a negative priority": (_unary(_echo(priority=("int64_param", -1))), (
+        "INVALID_ARGUMENT", "invalid value for 'priority', expected value >= 0.")),
+    "timeout of kind string": (_unary(_echo(timeout=("string_param", "x"))), (
+        "INVALID_ARGUMENT", "invalid value type for 'timeout' parameter, expected int64_param.")),
+    "triton_enable_empty_final_response of kind string": (
+        _unary(_echo(triton_enable_empty_final_response=("string_param", "true"))), (
+            "INVALID_ARGUMENT",
+            "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param.")),
+    "a parameter of no kind": (_unary(_unset(_echo(), "custom")), (
+        "INVALID_ARGUMENT", "invalid value type for 'custom' parameter, expected int64_param, bool_param, or "
+                            "string_param.")),
+    "parameters the model sees": (_seen(_echo(b=("bool_param", True), i=("int64_param", -5),
+                                              s=("string_param", "text"), d=("double_param", 1.5),
+                                              sequence_id=("int64_param", 7), timeout=("int64_param", 1000))),
+                                   ("OK", {"b": True, "i": -5, "s": "text", "d": 1.5}, "7", "1000")),
+    "an id echoed": (_unary(_request(request_id="my-id")), ("OK", {**_sum_and_difference(), "id": "my-id"})),
+    # streams: a request refused before the model is named by its id only; an error response by the
+    # request's model, version (as sent) and id, with the final flag; the stream goes on after either
+    "stream: an unknown model, then a request served": (_stream(_request("nope", request_id="1"),
+                                                                 _request(request_id="2")), [
+        {"errorMessage": UNKNOWN, "inferResponse": {"id": "1"}},
+        {"inferResponse": {**_sum_and_difference(), "id": "2", "parameters": _final(True)}},
+        ("end", "OK")]),
+    "stream: no data": (_stream(_request(raw=(F4,), request_id="1")), [
+        {"errorMessage": NO_DATA, "inferResponse": {"id": "1"}}, ("end", "OK")]),
+    "stream: triton_enable_empty_final_response of kind string": (
+        _stream(_count(1, triton_enable_empty_final_response=("string_param", "true"))), [
+            {"errorMessage": "invalid value type for 'triton_enable_empty_final_response' parameter, "
+                             "expected bool_param.", "inferResponse": {"id": "c"}},
+            ("end", "OK")]),
+    "stream: an error response between two": (_stream(_count(2, "error_between")), [
+        _counted("AAAAAA=="),
+        {"errorMessage": "an error between two responses",
+         "inferResponse": {"modelName": "dec_counter", "id": "c", "parameters": _final(False)}},
+        _counted("AQAAAA=="), ("end", "OK")]),
+    "stream: an error response between two, the version named": (
+        _stream(_with(_count(2, "error_between"), model_version="1")), [
+        _counted("AAAAAA=="),
+        {"errorMessage": "an error between two responses",
+         "inferResponse": {"modelName": "dec_counter", "modelVersion": "1", "id": "c", "parameters": _final(False)}},
+        _counted("AQAAAA=="), ("end", "OK")]),
+    "stream: a final error response": (_stream(_negative()), [
+        {"errorMessage": "negative input is not allowed",
+         "inferResponse": {"modelName": "py_error_response", "id": "n", "parameters": _final(True)}},
+        ("end", "OK")]),
+    "stream: the empty final response": (
+        _stream(_count(1, triton_enable_empty_final_response=("bool_param", True))), [
+            _counted("AAAAAA=="),
+            {"inferResponse": {"modelName": "dec_counter", "id": "c", "parameters": _final(True)}},
+            ("end", "OK")]),
+    # triton_grpc_error: an error response ends the stream with its status; a refused request does not
+    "triton_grpc_error: a final error response": (_stream(_negative(), metadata=GRPC_ERROR), [
+        ("end", "INVALID_ARGUMENT", "negative input is not allowed")]),
+    "triton_grpc_error: an error response between two": (_stream(_count(2, "error_between"), metadata=GRPC_ERROR), [
+        _counted("AAAAAA=="), ("end", "INTERNAL", "an error between two responses")]),
+    "triton_grpc_error: an unknown model": (_stream(_request("nope", request_id="1"), metadata=GRPC_ERROR), [
+        {"errorMessage": UNKNOWN, "inferResponse": {"id": "1"}}, ("end", "OK")]),
+    "server metadata": (_server_metadata, {
+        "name": "triton", "version": "2.51.0",
+        "extensions": ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+                       "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+                       "binary_tensor_data", "parameters", "statistics", "trace", "logging"]}),
+}
+
+
+def _live(port: int) -> bool:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=5).live
+        except grpc.RpcError:
+            return False
+
+
+def _answers(port: int, names: list[str]) -> dict[str, Any]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return {name: CASES[name][0](stub) for name in names}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    return _repository(tmp_path_factory.mktemp("grpc_differential"))
+
+
+@pytest.fixture(scope="module", params=["native", "grpcio"])
+def ferry_port(request, repository):
+    thread = ServerThread(make_options([repository], model_control_mode="explicit", load_models=MODELS,
+                                       allow_client_shm=True, grpc_server=request.param))
+    server = thread.start()
+    try:
+        yield server.server.grpc_port
+    finally:
+        thread.stop()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ferry_answers_as_triton(ferry_port: int, case: str) -> None:
+    assert _answers(ferry_port, [case])[case] == CASES[case][1]
+
+
+#: the case after which Triton 2.51 crashes now and then (the stream is finished on the error, the model's next
+#: response then takes the server down): asked last
+TRITON_CRASHES = ("triton_grpc_error: an error response between two",)
+
+
+def test_triton_answers_as_recorded(repository: Path) -> None:
+    """Triton 2.51 also dies, rarely, on the way through the other cases (streams that end on an error): a run
+    after which it is gone is made again, on a new Triton, up to three times."""
+    names = [case for case in CASES if case not in TRITON_CRASHES] + list(TRITON_CRASHES)
+    for _ in range(3):
+        with running_triton(repository, MODELS) as (_, grpc_port, _):
+            answers = _answers(grpc_port, names)
+            if _live(grpc_port):
+                break
+    assert {case: answer for case, answer in answers.items() if answer != CASES[case][1]} == {}
