@@ -11,6 +11,10 @@ name it (and theirs), which load again once all their composing models are READY
 load-time config override stays); reloading a composing model reloads the READY ensembles over it. An ensemble
 unloaded on purpose stays unloaded. Ensembles over each other, loaded at once, fail instead of waiting for each
 other forever.
+
+A load of a loaded model does what Triton's does (``core.updates``): nothing when no file of the model directory is
+newer than at its last load (a ``config`` override always counts as newer, and makes a later load without one find
+nothing newer, keeping the override, as Triton 2.51); else each version is updated in place or loaded afresh.
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ from serving_pod.core.errors import (
     unknown_model,
     unknown_version,
 )
+from serving_pod.core import updates
 from serving_pod.core.latency_metrics import LatencyMetricsSettings, LatencyRecorder, first_response_buckets
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
 from serving_pod.repository import instance_groups
+from serving_pod.repository.config import config_path
 from serving_pod.repository.prepare import backend_settings, prepare_config
+from serving_pod.repository.timestamps import ModelTimestamp
 from serving_pod.repository.repository import ModelRepository, ModelSource
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
@@ -81,7 +88,7 @@ def _ready_version(ready: list[Model], version: str) -> Model | None:
 
 def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
     for _, _, pools in built:
-        if pools:
+        if pools and not isinstance(pools, Model):  # a version updated in place keeps its instances
             _close_all(pools[0])
 
 
@@ -117,6 +124,8 @@ class ModelEntry:
     #: again because a composing model came back loads it the same way, as Triton keeps a model's info
     config_override: str | None = None
     override_dir: Path | None = None
+    #: the model directory's times at the last successful load (None: the next load is a fresh one)
+    timestamp: ModelTimestamp | None = None
 
 
 class ModelRegistry:
@@ -225,8 +234,10 @@ class ModelRegistry:
         config_override: str | None = None,
         model_dir: Path | None = None,
         source: ModelSource | None = None,
+        composing_changed: bool = False,
     ) -> None:
         """Load (or reload) ``name``; raises ModelLoadError and keeps old versions serving on failure.
+        ``composing_changed``: an ensemble loaded again because a composing model was, even with no newer file.
 
         The entry and its lock are taken before the repository is scanned, so an ensemble loading at the same
         time sees this load under way and waits for it instead of loading the model a second time."""
@@ -244,6 +255,19 @@ class ModelRegistry:
                     raise
             entry.awaiting = frozenset()  # loading now: no longer waits for its composing models
             first_load = not entry.ready
+            timestamp = None
+            if override_dir is None:
+                timestamp = await asyncio.to_thread(ModelTimestamp.read, model_dir, config_path(model_dir, self.config_name))
+                if (not first_load and not composing_changed and config_override is None and entry.timestamp is not None
+                        and not entry.timestamp.modified(timestamp)):
+                    entry.signature = source.signature if source else entry.signature
+                    log.info("'%s' is unchanged since it was loaded: nothing to load", name)
+                    return
+                if config_override is not None:
+                    timestamp = timestamp.with_config_time(time.time_ns())
+            previous = entry.timestamp
+            in_place = {} if previous is None or timestamp is None else {
+                m.version: m for m in entry.ready if not previous.version_modified(timestamp, m.version)}
             if first_load:
                 for state in entry.versions.values():
                     state.state, state.reason = LOADING, ""
@@ -251,7 +275,7 @@ class ModelRegistry:
             built: list[tuple[mc.ModelConfig, int, Any]] = []
             models: list[Model] = []
             try:
-                built = await asyncio.to_thread(self._build, name, model_dir, config_override)
+                built = await asyncio.to_thread(self._build, name, model_dir, config_override, in_place)
                 if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
                     await self._prepare_ensemble(built[0][0])
                 duration = time.monotonic() - start
@@ -260,7 +284,8 @@ class ModelRegistry:
             except Exception as exc:
                 # versions assembled before the failing one joined the rate limiter: none of them serves
                 for model in models:
-                    unregister_pool(model.pool)
+                    if all(model is not kept for _, _, kept in built):  # one updated in place serves on
+                        unregister_pool(model.pool)
                 await asyncio.to_thread(_close_instances, built)  # a scheduler may refuse the config
                 error = exc if isinstance(exc, ServerError) else ModelLoadError(
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"
@@ -272,14 +297,19 @@ class ModelRegistry:
                         v: VersionState(v, UNAVAILABLE, str(error)) for v in list(entry.versions) or [1]
                     }
                 raise error from None
+            for config, _, kept in built:
+                if isinstance(kept, Model):
+                    kept.config = config  # as Triton: the new version_policy is served from now on
             old = entry.ready
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
             entry.signature = source.signature if source else ""
             entry.config_override, entry.override_dir = config_override, override_dir
-            for model in old:
+            entry.timestamp = timestamp
+            retired = [model for model in old if all(model is not new for new in models)]
+            for model in retired:
                 entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
-            await self._retire(old)
+            await self._retire(retired)
             for model in old:
                 if model.version not in {m.version for m in entry.ready}:
                     entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
@@ -306,6 +336,7 @@ class ModelRegistry:
             return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
         async with entry.lock:
             entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
+            entry.timestamp = None  # loaded again: a fresh load
             old = entry.ready
             entry.ready = []
             for model in old:
@@ -362,9 +393,12 @@ class ModelRegistry:
 
     # --- internals ---------------------------------------------------------------------------
     def _build(
-        self, name: str, model_dir: Path, config_override: str | None
+        self, name: str, model_dir: Path, config_override: str | None, in_place: dict[int, Model] | None = None
     ) -> list[tuple[mc.ModelConfig, int, Any]]:
-        """Loader thread: prepare the config and create every instance of every version."""
+        """Loader thread: prepare the config and create every instance of every version, but those of the
+        ``in_place`` versions (READY, their files unchanged) that ``core.updates`` updates in place: each is kept
+        (its ``Model`` as the third item) or, with other instance groups, gets new instances (and is the fourth
+        item of the third, whose statistics the new version keeps)."""
         config, backend_name, versions = prepare_config(
             name,
             model_dir,
@@ -381,6 +415,13 @@ class ModelRegistry:
                 if backend_name == "ensemble":
                     built.append((config, version, None))
                     continue
+                serving = (in_place or {}).get(version)
+                if serving is not None and not updates.requires_reload(serving.config, config):
+                    if updates.same_instances(serving.config, config):
+                        built.append((config, version, serving))
+                        continue
+                else:
+                    serving = None
                 for attempt in range(self.load_retry_count + 1):  # --model-load-retry-count, as Triton
                     instances: list[Any] = []
                     names: list[str] = []
@@ -393,7 +434,7 @@ class ModelRegistry:
                         log.warning("failed to load '%s' version %d (attempt %d of %d), retrying: %s", name, version,
                                     attempt + 1, self.load_retry_count + 1, exc)
                         continue
-                    built.append((config, version, (instances, names)))
+                    built.append((config, version, (instances, names, serving)))
                     break
         except Exception:
             _close_instances(built)
@@ -426,18 +467,23 @@ class ModelRegistry:
     def _assemble(
         self, config: mc.ModelConfig, version: int, pools: Any, duration: float, *, model_dir: Path | None = None
     ) -> Model:
-        stats = ModelStats(config.name, str(version))
-        stats.load_duration_s = duration
-        settings = self.latency_metrics
-        if settings.per_request:
-            buckets = first_response_buckets(config) if settings.histogram_latencies else ()
-            stats.latency = LatencyRecorder(settings, cache_enabled=config.response_cache.enable,
-                                            first_response_buckets=buckets)
+        if isinstance(pools, Model):
+            return pools  # updated in place: serving on as it is
+        if pools is not None and pools[2] is not None:
+            stats = pools[2].stats  # new instances for new instance groups: the version keeps its statistics
+        else:
+            stats = ModelStats(config.name, str(version))
+            stats.load_duration_s = duration
+            settings = self.latency_metrics
+            if settings.per_request:
+                buckets = first_response_buckets(config) if settings.histogram_latencies else ()
+                stats.latency = LatencyRecorder(settings, cache_enabled=config.response_cache.enable,
+                                                first_response_buckets=buckets)
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
         model.model_dir = model_dir
         pool = None
         if pools is not None:
-            instances, names = pools
+            instances, names, _ = pools
             mode = config.parameters["ferry_execution_mode"].string_value if "ferry_execution_mode" in config.parameters else "auto"
             pool = InstancePool(instances, names, stats, model.batch_size_of, execution_mode=mode or "auto")
         model.pool = pool
@@ -522,7 +568,8 @@ class ModelRegistry:
         for dependent in dict.fromkeys(awaiting + over):
             entry = self.entries[dependent]
             try:
-                await self.load(dependent, config_override=entry.config_override, model_dir=entry.override_dir)
+                await self.load(dependent, config_override=entry.config_override, model_dir=entry.override_dir,
+                                composing_changed=True)
             except ServerError as exc:  # the composing model loaded: its own load succeeded
                 log.error("ensemble '%s' did not load again after '%s' loaded: %s", dependent, name, exc)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -187,6 +188,12 @@ def test_load_all_with_star(threaded_server, repository):
     assert client.is_model_ready("alpha") and client.is_model_ready("beta")
 
 
+def _touch(path) -> None:
+    """Make ``path`` newer than anything written before (a load of its model then has something to do)."""
+    now = time.time_ns() + 1_000_000
+    os.utime(path, ns=(now, now))
+
+
 def _wait_for(predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -300,11 +307,15 @@ def test_unloading_a_composing_model_unloads_its_ensembles(threaded_server, repo
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_reloading_a_composing_model_reloads_its_ensembles(threaded_server, repository, protocol):
-    """tritonserver 2.51 loads a READY ensemble again when its composing model is loaded again: fresh statistics."""
+    """tritonserver 2.51 loads a READY ensemble again when its composing model is loaded again: fresh statistics.
+    A load of a composing model none of whose files is newer does nothing, to the ensemble either."""
     write_model(repository, "ens", _ensemble_over("ens", "alpha"))
     server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha", "ens"))
     _infer(server, protocol, "ens", np.ones((1, 4), np.float32))
     assert _inference_count(server, "ens") == 1
+    server.client(protocol).load_model("alpha")
+    assert _inference_count(server, "ens") == 1
+    _touch(repository / "alpha" / "1")
     server.client(protocol).load_model("alpha")
     assert server.client(protocol).is_model_ready("ens")
     assert _inference_count(server, "ens") == 0
@@ -564,3 +575,153 @@ def test_ensemble_back_with_its_composing_model_keeps_its_override_like_nvidia_t
     assert expected["back"] == (200, {"origin": {"string_value": "override"}})
     server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
     assert _override_kept_answers(server.server.http_port) == expected
+
+
+# ---- what a load of a loaded model does (tritonserver 2.51: model_lifecycle.cc AsyncLoad) -------------------------
+
+_PROBE_PY = '''
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+LOG = Path(__file__).resolve().parents[2] / "events.log"
+
+
+def _log(text):
+    with open(LOG, "a") as f:
+        f.write(text + "\\n")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+        _log("init v" + args["model_version"] + " " + self.name)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            r, "INPUT0").as_numpy())]) for r in requests]
+
+    def finalize(self):
+        _log("fini " + self.name)
+'''
+
+
+def _probe_config(count: int = 1, policy: str = "", comment: str = "") -> str:
+    return f"""name: "probe"
+backend: "python"
+max_batch_size: 4
+{policy}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+{comment}
+"""
+
+
+def _reload_answers(http_port: int, repository, warm_up: bool) -> dict[str, object]:
+    """Loads of the loaded python model 'probe' after edits of its repository, each answered by what was initialized
+    (instances' ``initialize``), whether each version kept its statistics, and the served instance groups and
+    parameters. ``warm_up``: one more load after a version's first, whose answer is not kept (tritonserver's python stub
+    writes __pycache__ into the version folder at its first load, which makes the next load a fresh one of that
+    version; Ferry writes no bytecode)."""
+    import httpx
+
+    base = f"http://127.0.0.1:{http_port}/v2"
+    log = repository / "events.log"
+    config_file = repository / "probe" / "config.pbtxt"
+    seen = [0]
+
+    def inits() -> list[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        new, seen[0] = lines[seen[0]:], len(lines)
+        return sorted(line for line in new if line.startswith("init"))  # finalize may come later (background)
+
+    def infer(versions=("2",)) -> None:
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        for version in versions:
+            response = httpx.post(f"{base}/models/probe/versions/{version}/infer", json=body, timeout=60)
+            assert response.status_code == 200
+
+    def load(**parameters) -> tuple[object, ...]:
+        response = httpx.post(f"{base}/repository/models/probe/load", timeout=120,
+                              json={"parameters": parameters} if parameters else None)
+        stats = httpx.get(f"{base}/models/probe/stats", timeout=60).json()["model_stats"]
+        config = httpx.get(f"{base}/models/probe/config", timeout=60).json()
+        # every version served is asked once after each load: a version whose statistics were kept counted some
+        answer = (response.status_code, inits(), {row["version"]: row["inference_count"] > 0 for row in stats},
+                  [(group["name"], group["count"]) for group in config["instance_group"]], config.get("parameters"))
+        infer([row["version"] for row in stats])
+        return answer
+
+    answers: dict[str, object] = {"first": inits()}
+    infer()
+    if warm_up:
+        load()
+        infer()
+    answers["unchanged"] = load()
+    config_file.write_text(_probe_config(comment="# a comment"))
+    _touch(config_file)
+    answers["comment"] = load()
+    config_file.write_text(_probe_config(count=2))
+    _touch(config_file)
+    answers["two instances"] = load()
+    config_file.write_text(_probe_config(policy="version_policy: { all {} }", count=2))
+    _touch(config_file)
+    answers["all versions"] = load()
+    if warm_up:  # version 1's first load wrote its __pycache__ (see the docstring)
+        load()
+    _touch(repository / "probe" / "2" / "model.py")
+    answers["model.py of version 2 newer"] = load()
+    (repository / "probe" / "notes.txt").write_text("x")
+    _touch(repository / "probe" / "notes.txt")
+    answers["new file beside the config"] = load()
+    config = httpx.get(f"{base}/models/probe/config", timeout=60).json()
+    answers["identical config override"] = load(config=json.dumps(config))
+    config["parameters"] = {"k": {"string_value": "v"}}
+    answers["other config override"] = load(config=json.dumps(config))
+    answers["no override after one"] = load()
+    _touch(config_file)
+    answers["config newer than the override"] = load()
+    return answers
+
+
+def _probe_repository(path):
+    write_model(path, "probe", _probe_config(), files={"1/model.py": _PROBE_PY, "2/model.py": _PROBE_PY}, versions=(1, 2))
+    return path
+
+
+def test_loading_a_loaded_model_updates_it_in_place_as_nvidia_tritons(threaded_server, tmp_path):
+    """A load of a loaded model creates a version again only where its files are newer, or its config differs in more
+    than instance_group / version_policy; otherwise it keeps serving with its statistics (and nothing at all happens
+    where no file of the model is newer), as tritonserver 2.51. Ferry created every version again on every load."""
+    import subprocess
+
+    from support.server import free_ports, wait_ready
+    from support.triton import triton_args, triton_or_skip, triton_repositories
+
+    server = threaded_server([_probe_repository(tmp_path / "ferry")], model_control_mode="explicit",
+                             load_models=("probe",))
+    got = _reload_answers(server.server.http_port, tmp_path / "ferry", warm_up=False)
+    # nothing initialized again, the statistics kept
+    assert got["unchanged"] == (200, [], {"2": True}, [("probe_0", 1)], {})
+    assert got["comment"] == (200, [], {"2": True}, [("probe_0", 1)], {})
+    assert got["identical config override"][1:3] == ([], {"1": True, "2": True})
+    assert got["no override after one"][1:] == ([], {"1": True, "2": True}, [("probe_0", 2)], {"k": {"string_value": "v"}})
+
+    located = triton_or_skip()
+    repository = triton_repositories([_probe_repository(tmp_path / "triton")])[0]  # the copy tritonserver serves
+    http, grpc_port, metrics = free_ports(3)
+    args = triton_args([repository], ["probe"], http_port=http, grpc_port=grpc_port, metrics_port=metrics)
+    proc = subprocess.Popen(located.command(*args, "--exit-timeout-secs=2"), env=located.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(http, proc, timeout=60)
+        expected = _reload_answers(http, repository, warm_up=True)
+    finally:
+        proc.kill()
+        proc.wait()
+    expected.pop("first"), got.pop("first")
+    # Triton keeps the instance of the unchanged group and creates only the new one; Ferry creates both again
+    assert expected.pop("two instances")[1:] == (["init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {})
+    assert got.pop("two instances")[1:] == (["init v2 probe_0_0", "init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {})
+    assert got == expected

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -50,6 +51,12 @@ def created(monkeypatch) -> Counter:
 
     monkeypatch.setattr(test_backend.TestBackend, "create_instance", create_instance)
     return counts
+
+
+def _touch(path: Path) -> None:
+    """Make ``path`` newer than anything written before (a reload of its model then has something to do)."""
+    now = time.time_ns() + 1_000_000
+    os.utime(path, ns=(now, now))
 
 
 async def _started(repository: Path, load_models: tuple[str, ...], *, slow_first_scan: bool = False) -> FerryServer:
@@ -96,7 +103,8 @@ async def test_ensembles_over_each_other_loaded_together_fail_instead_of_hanging
 async def test_ensemble_back_with_its_composing_model_keeps_its_config_override(tmp_path: Path, created: Counter) -> None:
     """An ensemble loaded with a "config" override, unloaded with its composing model and loaded again when that
     model returns, is the overridden one (tritonserver 2.51 keeps the model's info); it was read from the
-    repository again. Loading it explicitly without the override goes back to the repository's config."""
+    repository again. Loading it explicitly without the override keeps it while no file of the model is newer than
+    that load (tritonserver 2.51); once its config.pbtxt is newer, such a load goes back to the repository's config."""
     write_model(tmp_path, "step", test_model_config("step"))
     write_model(tmp_path, "ens", ensemble_config("ens", ["step"]))
     override = json.dumps({
@@ -117,8 +125,12 @@ async def test_ensemble_back_with_its_composing_model_keeps_its_config_override(
         await engine.load_model("step")
         config = engine.model_config("ens")
         assert (config.max_batch_size, config.parameters["origin"].string_value) == (2, "override")
+        _touch(tmp_path / "step" / "1")
         await engine.load_model("step")  # a reload of its composing model reloads it: still overridden
         assert engine.model_config("ens").max_batch_size == 2
+        await engine.load_model("ens")  # as tritonserver 2.51: nothing newer than the override, which stays
+        assert engine.model_config("ens").max_batch_size == 2
+        _touch(tmp_path / "ens" / "config.pbtxt")
         await engine.load_model("ens")
         assert (engine.model_config("ens").max_batch_size, "origin" in engine.model_config("ens").parameters) == (8, False)
         with pytest.raises(ModelLoadError):
