@@ -11,6 +11,7 @@ little-endian, row-major, unpadded; BOOL is one byte; BF16 is the upper two byte
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -104,15 +105,69 @@ def check_shape(what: str, shape: tuple[int, ...]) -> None:
         raise InvalidArgumentError(f"{what}: shape {list(shape)} has too many elements")
 
 
-def check_element_count(name: str, shape: tuple[int, ...], got: int) -> int:
-    """The element count of ``shape``; InvalidArgumentError when ``got`` elements were sent instead."""
-    count = element_count(shape)
-    if got != count:
-        raise InvalidArgumentError(
-            f"unexpected number of elements for input '{name}': shape {list(shape)} needs {count}, "
-            f"got {got}"
-        )
-    return count
+@dataclass(frozen=True, slots=True)
+class DataDefect:
+    """Tensor data that does not fit its datatype and shape, found while decoding a request.
+
+    Triton's core checks sizes last, once the model's own checks (input count, names, batch, datatype, shape)
+    have passed, so a codec does not refuse such a tensor: it gives it a placeholder and this defect, which
+    ``Model.validate`` words in Triton's terms at that point (``message``). ``kind``: ``byte_size`` (expected
+    and got bytes), ``length_indicator`` (got: bytes left for a 4-byte BYTES length), ``too_many_strings`` (got:
+    the element seen past ``expected``), ``too_few_strings``, ``string_data`` (expected: an element's length,
+    got: bytes left; the python backend's words in Triton, without the request id, after every other check).
+    """
+
+    kind: str
+    expected: int = 0
+    got: int = 0
+
+    @property
+    def late(self) -> bool:
+        """Reported after every input passed the core's checks (Triton: by the backend, not the core)."""
+        return self.kind == "string_data"
+
+    def message(self, tensor: str, model: str) -> str:
+        """Triton 2.51's words, without the ``[request id: ...]`` prefix its core adds (``late`` ones get none)."""
+        where = f"for inference input '{tensor}' for model '{model}'"
+        if self.kind == "byte_size":
+            return (f"input byte size mismatch for input '{tensor}' for model '{model}'. Expected {self.expected}, "
+                    f"got {self.got}")
+        if self.kind == "length_indicator":
+            return (f"incomplete string length indicator {where}, expecting 4 bytes but only {self.got} bytes "
+                    "available. Please make sure the string length indicator is in one buffer.")
+        if self.kind == "too_many_strings":
+            return f"unexpected number of string elements {self.got} {where}, expecting {self.expected}"
+        if self.kind == "too_few_strings":
+            return f"expected {self.expected} string elements {where}, got {self.got}"
+        return (f"incomplete string data for inference input '{tensor}', expecting string of length "
+                f"{self.expected} but only {self.got} bytes available")
+
+
+def scan_bytes(buffer: bytes | memoryview, count: int | None) -> tuple[list[bytes], DataDefect | None]:
+    """Length-prefixed BYTES elements, read as Triton's core reads them (``ValidateBytesInputs``): stop at a
+    length prefix cut short or at element ``count + 1``; then too few elements; then (the python backend's
+    check) an element longer than the bytes left. The elements, and the first defect found (None if none)."""
+    view = memoryview(buffer)
+    total = len(view)
+    items: list[bytes] = []
+    offset = 0
+    truncated: DataDefect | None = None
+    while offset < total:
+        if total - offset < 4:
+            return items, DataDefect("length_indicator", 4, total - offset)
+        (length,) = _LEN.unpack_from(view, offset)
+        if count is not None and len(items) == count:
+            return items, DataDefect("too_many_strings", count, count + 1)
+        offset += 4
+        end = offset + length
+        if end > total:
+            truncated = DataDefect("string_data", length, total - offset)
+            end = total
+        items.append(bytes(view[offset:end]))
+        offset = end
+    if count is not None and len(items) != count:
+        return items, DataDefect("too_few_strings", count, len(items))
+    return items, truncated
 
 
 def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
@@ -121,27 +176,17 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
     Raises InvalidArgumentError when the buffer is truncated or holds a different number of
     elements than ``count`` (when given).
     """
-    view = memoryview(buffer)
-    total = len(view)
-    items: list[bytes] = []
-    offset = 0
-    while offset < total:
-        if offset + 4 > total:
+    items, defect = scan_bytes(buffer, count)
+    if defect is not None:
+        if defect.kind == "length_indicator":
             raise InvalidArgumentError("unexpected end of BYTES tensor data: truncated length prefix")
-        (length,) = _LEN.unpack_from(view, offset)
-        offset += 4
-        end = offset + length
-        if end > total:
+        if defect.kind == "string_data":
             raise InvalidArgumentError(
-                f"unexpected end of BYTES tensor data: element of {length} bytes with "
-                f"{total - offset} bytes left"
+                f"unexpected end of BYTES tensor data: element of {defect.expected} bytes with "
+                f"{defect.got} bytes left"
             )
-        items.append(bytes(view[offset:end]))
-        offset = end
-    if count is not None and len(items) != count:
-        raise InvalidArgumentError(
-            f"BYTES tensor data holds {len(items)} elements, expected {count}"
-        )
+        got = defect.got if defect.kind == "too_few_strings" else f"more than {count}"
+        raise InvalidArgumentError(f"BYTES tensor data holds {got} elements, expected {count}")
     array = np.empty(len(items), dtype=np.object_)
     array[:] = items
     return array
@@ -179,6 +224,32 @@ def from_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview, wha
             f"{list(shape)}, got {len(raw)}"
         )
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def placeholder(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only array of ``shape`` that holds no memory: the data of a tensor whose bytes come later (shared
+    memory) or are refused later (``decode_raw``). An unknown datatype gets bytes (its model refuses it)."""
+    return np.broadcast_to(np.zeros((), WIRE_TO_NUMPY.get(datatype, np.dtype(np.uint8))), shape)
+
+
+def decode_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> tuple[np.ndarray, DataDefect | None]:
+    """A request input's raw bytes -> its array, or a placeholder and the ``DataDefect`` that refuses it once
+    the model's checks pass (Triton's order). An unknown datatype is left to the model's datatype check."""
+    if datatype == "BYTES":
+        count = element_count(shape)
+        items, defect = scan_bytes(raw, count)
+        if defect is not None:
+            return placeholder(datatype, shape), defect
+        array = np.empty(count, dtype=np.object_)
+        array[:] = items
+        return array.reshape(shape), None
+    dtype = WIRE_TO_NUMPY.get(datatype)
+    if dtype is None:
+        return placeholder(datatype, shape), None
+    expected = element_count(shape) * dtype.itemsize
+    if len(raw) != expected:
+        return placeholder(datatype, shape), DataDefect("byte_size", expected, len(raw))
+    return np.frombuffer(raw, dtype=dtype).reshape(shape), None
 
 
 def to_raw(datatype: str, array: np.ndarray) -> bytes:

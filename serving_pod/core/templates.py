@@ -40,9 +40,8 @@ class InputTemplate:
     def tensor(self, body: bytes, base: int = 0) -> Tensor:
         """The input of ``body``, whose bytes start at ``base + offset``: a view, no copy (BYTES: checked)."""
         start = base + self.offset
-        if self.dtype is None:
-            data = datatypes.from_raw(self.datatype, self.shape, memoryview(body)[start:start + self.size],
-                                      f"input '{self.name}'")
-        else:
-            data = np.frombuffer(body, self.dtype, self.count, start).reshape(self.shape)
+        if self.dtype is None:  # a defect is the model's to refuse, as on a full parse (``core.validation``)
+            data, defect = datatypes.decode_raw(self.datatype, self.shape, memoryview(body)[start:start + self.size])
+            return Tensor(self.name, self.datatype, data, self.parameters, defect)
+        data = np.frombuffer(body, self.dtype, self.count, start).reshape(self.shape)
         return Tensor(self.name, self.datatype, data, self.parameters)

@@ -21,6 +21,9 @@ class Tensor:
     datatype: str
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: set by a codec when the data sent does not fit (``datatypes.DataDefect``; ``data`` is then a placeholder):
+    #: the model's validation refuses the request, after its own checks, as Triton's core does
+    defect: Any = None
 
     @property
     def shape(self) -> tuple[int, ...]:

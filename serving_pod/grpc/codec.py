@@ -220,9 +220,10 @@ def _data_sources(message: pb.ModelInferRequest) -> list[Any]:
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     """``ModelInferRequest`` -> ``InferRequest``, refused in the order Triton's gRPC front end refuses: the
-    request's parameters, each input's data, the requested outputs' parameters, then the tensors' shapes and
-    bytes (which Triton's core checks once the model is known: ``InferenceService`` looks the model up first
-    when this fails)."""
+    request's parameters, each input's data, the requested outputs' parameters, then the tensors' shapes (a
+    negative dimension: Ferry's words; ``InferenceService`` looks the model up first when this fails). Data that
+    does not fit its shape, and an unknown datatype, are left to the model's checks (``core.validation``), which
+    Triton's core makes after the model's others."""
     parameters = request_parameters(message.parameters) if message.parameters else {}
     sources = _data_sources(message)
     outputs = None
@@ -239,14 +240,17 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
             raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
         datatypes.check_shape(f"input '{name}'", shape)
         params = parameters_to_dict(item.parameters) if item.parameters else {}
+        defect = None
         if source is _SHARED_MEMORY:
             # placeholder of the right shape, no memory; the engine reads the region into it
-            data = np.broadcast_to(np.zeros((), datatypes.numpy_dtype(datatype)), shape)
+            datatypes.numpy_dtype(datatype)
+            data = datatypes.placeholder(datatype, shape)
         elif source is _CONTENTS:
-            data = _from_contents(item, datatype, shape)
+            data, defect = _from_contents(item, datatype, shape)
         else:
-            data = datatypes.from_raw(datatype, shape, source, f"input '{name}'")
-        inputs.append(Tensor(name, datatype, data, params))
+            # sizes and an unknown datatype are the model's to refuse, after its other checks (``core.validation``)
+            data, defect = datatypes.decode_raw(datatype, shape, source)
+        inputs.append(Tensor(name, datatype, data, params, defect))
     return InferRequest(
         model_name=message.model_name,
         model_version=message.model_version,
@@ -269,11 +273,14 @@ def decode_serialized(body: bytes) -> InferRequest:
     except DecodeError as error:
         raise InternalError(f"Failed to parse the request: {error}") from None
     request = decode_infer_request(message)
-    templates.learn(body, message, request)
+    if not any(tensor.defect for tensor in request.inputs):  # a refused one is not kept
+        templates.learn(body, message, request)
     return request
 
 
-def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> tuple[np.ndarray, datatypes.DataDefect | None]:
+    """An input's typed contents as an array; too many or too few values are a defect (placeholder data), which
+    Triton's core words as for raw bytes: a byte size, or a count of strings."""
     field = _CONTENT_FIELDS.get(datatype)
     if field is None:
         datatypes.numpy_dtype(datatype)  # unknown datatype -> clear error
@@ -281,13 +288,21 @@ def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
             f"input '{item.name}': datatype {datatype} cannot be sent as typed contents; use raw_input_contents"
         )
     values = getattr(item.contents, field)
-    count = datatypes.check_element_count(item.name, shape, len(values))
+    count = datatypes.element_count(shape)
+    if len(values) != count:
+        if datatype == "BYTES":
+            defect = (datatypes.DataDefect("too_many_strings", count, count + 1) if len(values) > count
+                      else datatypes.DataDefect("too_few_strings", count, len(values)))
+        else:
+            size = datatypes.ELEMENT_SIZE[datatype]
+            defect = datatypes.DataDefect("byte_size", count * size, len(values) * size)
+        return datatypes.placeholder(datatype, shape), defect
     if datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)
-        return array.reshape(shape)
+        return array.reshape(shape), None
     try:
-        return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+        return np.asarray(values, dtype=datatypes.numpy_dtype(datatype)).reshape(shape), None
     except OverflowError:  # INT8, INT16, UINT8 and UINT16 travel in 32-bit fields
         raise InvalidArgumentError(
             f"input '{item.name}': a value of its contents is out of range for {datatype}"

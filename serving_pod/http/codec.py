@@ -106,7 +106,7 @@ def decode_infer_request(
         id=request_id,
         parameters=parameters,
     )
-    if header_length is not None:
+    if header_length is not None and not any(tensor.defect for tensor in inputs):  # a refused one is not kept
         templates.learn(bytes(header_bytes), request)
     return request
 
@@ -143,7 +143,6 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
     # ``type`` rather than ``isinstance``: JSON's true and false are Python ints too
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidArgumentError(f"input '{name}' must have a 'shape' of non-negative integers")
-    dtype = datatypes.numpy_dtype(datatype)
     shape_t = tuple(shape)
     datatypes.check_shape(f"input '{name}'", shape_t)
     params = item.get("parameters") or {}
@@ -166,25 +165,49 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
         if end > len(binary):  # Triton's words
             raise InvalidArgumentError(f"unexpected size for input '{name}', expecting {end - len(binary)} "
                                        f"additional bytes for model '{model_name}'")
-        data = datatypes.from_raw(datatype, shape_t, binary[offset:end], f"input '{name}'")
-        return Tensor(name, datatype, data, params), end
+        # sizes and an unknown datatype are the model's to refuse, after its other checks (``core.validation``)
+        data, defect = datatypes.decode_raw(datatype, shape_t, binary[offset:end])
+        return Tensor(name, datatype, data, params, defect), end
     if "shared_memory_region" in params:
         # placeholder of the right shape, no memory; the engine reads the region into it
-        return Tensor(name, datatype, np.broadcast_to(np.zeros((), dtype), shape_t), params), offset
+        datatypes.numpy_dtype(datatype)
+        return Tensor(name, datatype, datatypes.placeholder(datatype, shape_t), params), offset
+    dtype = datatypes.WIRE_TO_NUMPY.get(datatype)
+    if dtype is None:
+        raise InvalidArgumentError(f"invalid datatype for input {name}")  # Triton's words
     if datatype in ("FP16", "BF16"):
         raise InvalidArgumentError(
             f"input '{name}': datatype {datatype} is not supported in JSON; use binary tensor data"
         )
-    data = json_array(item["data"], datatype, dtype, shape_t, name)
+    values = item["data"]
+    if datatype == "BYTES":
+        # Triton's front end writes the strings as they come; its core counts them (``core.validation``)
+        flat = json_flat(values)
+        if not all(isinstance(value, str) for value in flat):
+            raise InvalidArgumentError(f"input '{name}': BYTES elements must be JSON strings")
+        count = datatypes.element_count(shape_t)
+        if len(flat) != count:
+            defect = (datatypes.DataDefect("too_many_strings", count, count + 1) if len(flat) > count
+                      else datatypes.DataDefect("too_few_strings", count, len(flat)))
+            return Tensor(name, datatype, datatypes.placeholder(datatype, shape_t), params, defect), offset
+        values = flat
+    data = json_array(values, datatype, dtype, shape_t, name)
     return Tensor(name, datatype, data, params), offset
+
+
+def json_flat(values: Any) -> list:
+    """A JSON tensor's elements, flat: a scalar, or arrays nested or flat."""
+    if not isinstance(values, list):
+        return [values]
+    return values if not values or not isinstance(values[0], list) else _flatten(values)
 
 
 def json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
     """A tensor of ``shape`` from JSON ``values`` (a scalar, or arrays nested or flat; BYTES from strings)."""
-    if not isinstance(values, list):
-        values = [values]
-    flat = values if not values or not isinstance(values[0], list) else _flatten(values)
-    count = datatypes.check_element_count(name, shape, len(flat))
+    flat = json_flat(values)
+    count = datatypes.element_count(shape)
+    if len(flat) != count:  # Triton's front end's words (its status is 500)
+        raise InvalidArgumentError("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         for index, value in enumerate(flat):

@@ -218,7 +218,7 @@ ERROR_CASES = {
     "wrong datatype": (lambda h, p: _infer(h, p, "id_fp32", {"INPUT0": np.ones((1, 4), np.int32)}),
                        "400", "inference input 'INPUT0' data-type is 'INT32', but model 'id_fp32' expects 'FP32'"),
     "extra input": (lambda h, p: _infer(h, p, "id_fp32", {"INPUT0": np.ones((1, 4), np.float32), "EXTRA": np.ones((1, 4), np.float32)}),
-                    "400", "unexpected inference input 'EXTRA' for model 'id_fp32'"),
+                    "400", "[request id: <id_unknown>] expected 1 inputs but got 2 inputs for model 'id_fp32'"),
     "missing input": (lambda h, p: _infer(h, p, "id_fp32", {"OTHER": np.ones((1, 4), np.float32)}),
                       "400", "unexpected inference input 'OTHER'"),
     "batch too large": (lambda h, p: _infer(h, p, "id_fp32", {"INPUT0": np.ones((9, 4), np.float32)}),

@@ -32,6 +32,7 @@ from h2.settings import SettingCodes
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from serving_pod.core.validation import BATCH_NOTE
 from serving_pod.grpc.hpack_blocks import encode_headers
 from support.h2client import INFER, RawClient, grpc_frame, infer_request
 from support.server import ServerThread, make_options, test_model_config, write_model
@@ -596,10 +597,12 @@ PARITY = {
                       ("StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found")),
     "wrong shape": (("fp32", "INPUT0", [1, 5], "FP32"),
                     ("StatusCode.INVALID_ARGUMENT",
-                     "unexpected shape for input 'INPUT0' for model 'fp32'. Expected [-1,4], got [1,5]")),
+                     "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'fp32'. Expected [-1,4], "
+                     f"got [1,5]. {BATCH_NOTE}")),
     "wrong datatype": (("fp32", "INPUT0", [1, 4], "INT32"),
                        ("StatusCode.INVALID_ARGUMENT",
-                        "inference input 'INPUT0' data-type is 'INT32', but model 'fp32' expects 'FP32'")),
+                        "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT32', but model 'fp32' "
+                        "expects 'FP32'")),
 }
 
 

@@ -7,9 +7,9 @@ how it ended. ``CASES`` holds Triton's answers as recorded from it: Ferry (both 
 them always, and Triton itself where it can be had (else that test is skipped with the installer's reason),
 so that the record cannot drift from what Triton says.
 
-Not compared, because Ferry answers otherwise on purpose or the words are not the gRPC front end's:
-Triton's core prefixes its refusals with ``[request id: <id_unknown>]`` and words raw-size and BYTES errors
-its own way (``core.datatypes`` words them for both protocols); a python model's exception carries its
+Not compared here: what the model's checks refuse (Triton's core, ``[request id: ...]`` and all; both protocols,
+``tests/serving_pod/core/test_validation_triton.py``). Not compared, because Ferry answers otherwise on purpose:
+a python model's exception carries its
 traceback in Triton; one raw_input_contents entry too many (Triton ignores it, Ferry refuses); request
 parameters of kind uint64 (Triton 2.51 refuses them, Ferry passes them on); classification counts <= 0
 (Triton says "expected >= 0" as it refuses 0, Ferry says "a positive integer").

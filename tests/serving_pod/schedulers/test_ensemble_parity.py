@@ -115,7 +115,8 @@ def test_failing_step_error_names_the_ensemble(server, protocol: str) -> None:
     client, module = server.client(protocol), server.module(protocol)
     with pytest.raises(InferenceServerException) as error:
         client.infer("e_any_shape", _inputs(module, length=3))
-    assert error.value.message().startswith("in ensemble 'e_any_shape', unexpected shape for input 'INPUT")
+    assert error.value.message().startswith(
+        "in ensemble 'e_any_shape', [request id: <id_unknown>] unexpected shape for input 'INPUT")
     assert "for model 'add_sub_py'. Expected [4], got [3]" in error.value.message()
     assert error.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     client.close()
