@@ -86,16 +86,17 @@ class InferenceCollector:
             families["pending"].add_metric(labels, model.scheduler.pending())
             families["load"].add_metric(labels, stats.load_duration_s)
             if settings.counter_latencies:
-                families["request_us"].add_metric(labels, (stats.success.ns + stats.fail.ns) // 1000)
-                families["queue_us"].add_metric(labels, stats.queue.ns // 1000)
-                families["input_us"].add_metric(labels, stats.compute_input.ns // 1000)
-                families["infer_us"].add_metric(labels, stats.compute_infer.ns // 1000)
-                families["output_us"].add_metric(labels, stats.compute_output.ns // 1000)
+                micros = stats.micros  # successes only, truncated request by request (``Microseconds``)
+                families["request_us"].add_metric(labels, micros.request)
+                families["queue_us"].add_metric(labels, micros.queue)
+                families["input_us"].add_metric(labels, micros.compute_input)
+                families["infer_us"].add_metric(labels, micros.compute_infer)
+                families["output_us"].add_metric(labels, micros.compute_output)
                 if model.config.response_cache.enable:
                     families["cache_hits"].add_metric(labels, stats.cache_hit.count)
                     families["cache_misses"].add_metric(labels, stats.cache_miss.count)
-                    families["cache_hit_us"].add_metric(labels, stats.cache_hit.ns // 1000)
-                    families["cache_miss_us"].add_metric(labels, stats.cache_miss.ns // 1000)
+                    families["cache_hit_us"].add_metric(labels, micros.cache_hit)
+                    families["cache_miss_us"].add_metric(labels, micros.cache_miss)
             latency = stats.latency
             if latency is None:
                 continue

@@ -22,11 +22,13 @@ from serving_pod.core.datatypes import WIRE_TO_NUMPY, wire_datatype
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput
 from serving_pod.core.types import Tensor as DomainTensor
 
-#: request parameters the protocols consume themselves; ``request.parameters()`` hides them.
+#: request parameters the protocols consume themselves; ``request.parameters()`` hides them. Triton 2.51 hides the
+#: same ones (HTTP's ``binary_data_output`` included), but a request-level ``binary_data_size`` (an input's parameter
+#: on the wire) is nobody's: Triton hands it to the model over HTTP and gRPC alike, and so do we.
 RESERVED_PARAMETERS = frozenset(
     {
         "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-        "binary_data_output", "binary_data_size", "triton_enable_empty_final_response",
+        "binary_data_output", "triton_enable_empty_final_response",
     }
 )
 

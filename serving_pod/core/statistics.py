@@ -69,6 +69,18 @@ class StepCompute:
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
+class Microseconds:
+    """The ``nv_*_duration_us`` counters: Triton's metric reporter adds each request's durations in whole
+    microseconds (truncated one by one, so the sums fall below the nanosecond totals divided by 1000), and only for
+    requests that succeeded (a failed request adds nothing to them)."""
+
+    __slots__ = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+    def __init__(self) -> None:
+        self.request = self.queue = self.compute_input = self.compute_infer = self.compute_output = 0
+        self.cache_hit = self.cache_miss = 0
+
+
 class ModelStats:
     """Statistics of one model version."""
 
@@ -76,6 +88,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer",
         "compute_output", "cache_hit", "cache_miss", "inference_count", "execution_count",
         "last_inference_ms", "batch_stats", "failures", "pending", "load_duration_s", "latency",
+        "micros",
     )
 
     def __init__(self, name: str, version: str) -> None:
@@ -98,6 +111,7 @@ class ModelStats:
         self.load_duration_s = 0.0
         #: summaries and histogram when ``--metrics-config`` turns them on (``core.latency_metrics``)
         self.latency: LatencyRecorder | None = None
+        self.micros = Microseconds()
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, inferences: int | None = None
@@ -132,6 +146,12 @@ class ModelStats:
         self.compute_input.add(input_ns * count, count)
         self.compute_infer.add(infer_ns * count, count)
         self.compute_output.add(output_ns * count, count)
+        micros = self.micros
+        micros.request += sum(ns // 1000 for ns in request_ns)
+        micros.queue += sum(ns // 1000 for ns in queue_ns)
+        micros.compute_input += input_ns // 1000 * count
+        micros.compute_infer += infer_ns // 1000 * count
+        micros.compute_output += output_ns // 1000 * count
         latency = self.latency
         if latency is not None:
             for request, queued in zip(request_ns, queue_ns):
@@ -141,12 +161,15 @@ class ModelStats:
         self.success.add(request_ns)
         self.queue.add(0)
         self.cache_hit.add(lookup_ns)
+        self.micros.request += request_ns // 1000
+        self.micros.cache_hit += lookup_ns // 1000
         if self.latency is not None:
             self.latency.cache_hit(0, lookup_ns)
 
     def record_cache_miss(self, ns: int) -> None:
         """Lookup and insertion time of a request the cache did not have."""
         self.cache_miss.add(ns)
+        self.micros.cache_miss += ns // 1000
         if self.latency is not None:
             self.latency.cache_miss(ns)
 

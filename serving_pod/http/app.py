@@ -27,6 +27,7 @@ from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_base64, decode_infer_request, encode_infer_response
 from serving_pod.http.generate import answer_generate
+from serving_pod.http.raw import decode_raw_request, header_length as parse_header_length
 from serving_pod.http.responses import (
     JSON, TEXT, before_parsing, error_body, infer_content_type, json_body, json_ok, json_response, read_body,
     send_response, text_response,
@@ -47,9 +48,12 @@ DECOUPLED = "HTTP end point doesn't support models with decoupled transaction po
 
 
 class Infers(Protocol):
-    """What the infer route needs of an engine: the server's ``Engine``, or a protocol worker's ``RemoteEngine``."""
+    """What the infer route needs of an engine: the server's ``Engine``, or a protocol worker's ``RemoteEngine``
+    (which asks the server process for a model's configuration, needed by a raw binary request only)."""
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any] | Awaitable[dict[str, Any]]: ...
 
 
 #: ASGI scope extension: the request's header names as sent (``http.protocol`` sets it when headers are forwarded)
@@ -59,30 +63,30 @@ HEADER_NAMES = "ferry.header_names"
 class InferHead(NamedTuple):
     """What the infer route reads from the request headers."""
 
+    #: ``Inference-Header-Content-Length`` read as tritonserver reads it (``raw.header_length``); None when absent
     header_length: int | None
     encoding: str
     accept: str
     #: (name, value) of the headers ``--http-header-forward-pattern`` matches: they become request parameters
     forwarded: tuple[tuple[str, str], ...] = ()
+    #: the ``Inference-Header-Content-Length`` value as sent (tritonserver's range error quotes it)
+    header_text: str = ""
 
 
 def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Pattern[str] | None = None,
                names: list[bytes] | None = None) -> InferHead:
-    """The infer route's headers; ``InvalidArgumentError`` on a bad length or a declared body over ``limit``.
+    """The infer route's headers; ``InvalidArgumentError`` on a declared body over ``limit``.
 
     ``forward`` matches ``names``, the header names as the client sent them (``headers`` has them in lower case,
     as uvicorn gives them), as Triton matches and forwards them; without ``names``, the lower-case ones.
     """
     header_length: int | None = None
-    encoding = accept = ""
+    header_text = encoding = accept = ""
     content_length = -1
     for key, value in headers:
-        if key == b"inference-header-content-length":
-            try:
-                header_length = int(value)
-            except ValueError:
-                raise before_parsing(
-                    InvalidArgumentError("Inference-Header-Content-Length must be an integer")) from None
+        if key == b"inference-header-content-length":  # never refused: any text is some length to atoi
+            header_length = parse_header_length(value)
+            header_text = value.decode("latin-1")
         elif key == b"content-encoding":
             encoding = value.decode("latin-1")
         elif key == b"accept-encoding":
@@ -92,11 +96,11 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Patte
     if content_length > limit:
         raise size_error(content_length, limit)
     if forward is None:
-        return InferHead(header_length, encoding, accept)
+        return InferHead(header_length, encoding, accept, (), header_text)
     raw = names if names is not None and len(names) == len(headers) else [key for key, _ in headers]
     named = ((name.decode("latin-1"), value) for name, (_, value) in zip(raw, headers))
     forwarded = tuple((name, value.decode("latin-1")) for name, value in named if forward.search(name))
-    return InferHead(header_length, encoding, accept, forwarded)
+    return InferHead(header_length, encoding, accept, forwarded, header_text)
 
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
@@ -107,7 +111,14 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
     try:
         if head.encoding:
             body = decode_body(body, head.encoding, limit)
-        request = decode_infer_request(body, head.header_length, model, version)
+        if head.header_length is not None and not 0 <= head.header_length <= len(body):
+            raise before_parsing(InvalidArgumentError(  # Triton's words, quoting the header as sent
+                f"inference header size should be in range (0, {len(body)}), got: {head.header_text}"))
+        if (head.header_length if head.header_length is not None else len(body)) == 0:
+            # tritonserver's raw binary request (``http.raw``): an empty JSON header, or an empty body
+            request = await decode_raw_request(engine, body, model, version, DECOUPLED)
+        else:
+            request = decode_infer_request(body, head.header_length, model, version)
         if head.forwarded:
             forward_headers(request.parameters, head.forwarded)  # already matched by infer_head
         response = await engine.infer(request)

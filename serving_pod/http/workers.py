@@ -4,7 +4,8 @@ The server process keeps the engine and the whole HTTP application. Each extra w
 the same port (SO_REUSEPORT: the kernel spreads new connections over the processes) and parses HTTP itself. Inference
 requests run through the worker's own ``InferEndpoint`` (body decoding, validation of the wire format,
 response encoding and compression all happen in the worker); only the decoded request crosses a Unix
-socket to the server process, which runs ``engine.infer`` and sends the domain response back. Every
+socket to the server process, which runs ``engine.infer`` and sends the domain response back (a raw binary
+request, ``http.raw``, first asks the server process for its model's configuration: the worker has no registry). Every
 other route is forwarded as plain (method, path, query, headers, body) values and runs through the
 server's application. So statistics, model control and scheduling stay in one place, while the protocol
 work, the larger part of a small model's request, uses other cores.
@@ -37,7 +38,7 @@ from serving_pod.core.types import InferRequest, InferResponse
 log = logging.getLogger("ferry.http.workers")
 
 _LEN = struct.Struct("<I")
-INFER, ASGI, HELLO = 0, 1, 2
+INFER, ASGI, HELLO, CONFIG = 0, 1, 2, 3
 OK, ERROR = 0, 1
 
 
@@ -142,6 +143,8 @@ class _BridgeConnection(FrameProtocol):
         try:
             if kind == INFER:
                 result: Any = response_to_wire(await self.bridge.engine.infer(request_from_wire(payload)))
+            elif kind == CONFIG:  # (model, version) -> the model's configuration as JSON-ready values
+                result = self.bridge.engine.model_config_dict(*payload)
             else:
                 result = await run_asgi(self.bridge.app, payload)
             self.send((key, OK, result))
@@ -263,6 +266,13 @@ class RemoteEngine:
         except (ConnectionError, OSError) as exc:
             raise UnavailableError(f"server process unavailable: {exc}") from None
         return response_from_wire(wire)
+
+    async def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
+        """The configuration of a ready model version, from the server process (a raw binary request needs it)."""
+        try:
+            return await self.client.call(CONFIG, (name, version))
+        except (ConnectionError, OSError) as exc:
+            raise UnavailableError(f"server process unavailable: {exc}") from None
 
 
 class ForwardingApp:

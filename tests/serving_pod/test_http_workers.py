@@ -85,7 +85,7 @@ def test_workers_exit_with_the_server(server):
 
 
 def test_http_workers_flag_validation():
-    result = subprocess.run([sys.executable, "-m", "serving_pod", "--http-workers=0"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "serving_pod", "--http-workers=0"], capture_output=True, text=True, timeout=180)
     assert result.returncode == 2 and "value must be >= 1" in result.stderr
 
 

@@ -445,3 +445,99 @@ def test_response_cache_families_match_nvidia_tritons(threaded_server, tmp_path)
         assert [_cache_values(ferry_text)[n] for n in counts] == [_cache_values(triton_text)[n] for n in counts]
     assert [_cache_values(ferry[1])[n] for n in counts] == [2, 1, 2, 3, 0]
     assert 0 < _cache_values(ferry[1])["nv_cache_util"] < 1 and 0 < _cache_values(triton[1])["nv_cache_util"] < 1
+
+
+FLAKY_CONFIG = """
+name: "flaky"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
+"""
+
+FLAKY_MODEL = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            time.sleep(abs(int(x[0])) / 1000.0)
+            if x[1]:
+                raise pb_utils.TritonModelException("raised")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return out
+'''
+
+_DURATIONS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _durations(http_port: int, metrics_port: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The flaky model's ``nv_inference_*_duration_us`` counters and its statistics' nanoseconds (of successes)."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    counters = {}
+    for line in text.splitlines():
+        for name in _DURATIONS:
+            if line.startswith(f"nv_inference_{name}_duration_us{{") and 'model="flaky"' in line:
+                counters[name] = int(float(line.rsplit(" ", 1)[1]))
+    stats = httpx.get(f"http://127.0.0.1:{http_port}/v2/models/flaky/stats", timeout=10).json()
+    inference = stats["model_stats"][0]["inference_stats"]
+    nanoseconds = {name: inference["success" if name == "request" else name]["ns"] for name in _DURATIONS}
+    return counters, nanoseconds
+
+
+def _duration_traffic(http_port: int, metrics_port: int) -> list[tuple[dict[str, int], dict[str, int]]]:
+    def infer(sleep_ms: int, fail: int) -> int:
+        body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [2], "data": [sleep_ms, fail]}]}
+        return httpx.post(f"http://127.0.0.1:{http_port}/v2/models/flaky/infer", json=body, timeout=30).status_code
+
+    assert infer(20, 0) == 200
+    seen = [_durations(http_port, metrics_port)]
+    assert infer(30, 1) == 500  # the model raised: a failed request
+    seen.append(_durations(http_port, metrics_port))
+    assert all(infer(0, 0) == 200 for _ in range(30))
+    seen.append(_durations(http_port, metrics_port))
+    return seen
+
+
+def _check_durations(seen: list[tuple[dict[str, int], dict[str, int]]]) -> None:
+    (first, _), (after_failure, _), (last, nanoseconds) = seen
+    assert first["request"] >= 20_000
+    assert after_failure == first  # a failed request adds to no duration counter (its time is in 'fail' only)
+    for name in _DURATIONS:
+        # each request's duration truncated to whole microseconds on its own: 31 requests lose up to 31 us, and
+        # at least a few (a sum truncated once loses under 1 us)
+        assert nanoseconds[name] // 1000 - 31 <= last[name] <= nanoseconds[name] // 1000
+    assert sum(nanoseconds[name] // 1000 - last[name] for name in _DURATIONS) >= 5
+
+
+def _flaky_repository(tmp_path):
+    write_model(tmp_path, "flaky", FLAKY_CONFIG, {"1/model.py": FLAKY_MODEL})
+    return tmp_path
+
+
+def test_duration_counters_are_successes_truncated_request_by_request(tmp_path):
+    """As Triton 2.51: ``nv_inference_request_duration_us`` and the queue and compute counters add each successful
+    request's time in whole microseconds; a failed request adds nothing (Ferry added its time, and truncated sums)."""
+    from support.server import ServerThread, make_options
+
+    thread = ServerThread(make_options([_flaky_repository(tmp_path)], model_control_mode="explicit",
+                                       load_models=("flaky",)))
+    handle = thread.start()
+    try:
+        seen = _duration_traffic(handle.server.http_port, handle.server.metrics_port)
+    finally:
+        thread.stop()
+    _check_durations(seen)
+
+
+def test_triton_duration_counters_are_successes_truncated_request_by_request(tmp_path):
+    """Side by side: Triton 2.51 behaves as the test above expects (skipped where it cannot be had)."""
+    from support.triton import running_triton
+
+    with running_triton(_flaky_repository(tmp_path), ("flaky",)) as (http, _, metrics):
+        seen = _duration_traffic(http, metrics)
+    _check_durations(seen)

@@ -174,8 +174,9 @@ def test_bad_length_header_gets_400_and_the_connection_goes_on(server):
     wire = Wire(_port(server))
     wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "abc"}))
     status, _, body = wire.response()
-    assert status == 400
-    assert orjson.loads(body) == {"error": "Inference-Header-Content-Length must be an integer"}
+    assert status == 400  # tritonserver reads the length with atoi: 0, a raw request (``http.raw``) the model refuses
+    assert orjson.loads(body)["error"].startswith(
+        "[request id: <id_unknown>] input byte size mismatch for input 'raw_input' for model 'idt'.")
     # the refused request's body was skipped: the next request on the connection is parsed and served
     wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "9999"}))
     status, headers, body = wire.response()
@@ -468,7 +469,9 @@ def test_heads_that_are_never_known(server):
             assert wire.response()[0] == 200
         finally:
             wire.close()
-    assert [k.model for k in known.values()] == ["nope"]  # known: its 404 comes from the engine, as before
+    # known: the 404 comes from the engine, as before; a length atoi reads as 0 is a raw request's (``http.raw``), a
+    # head as good as any
+    assert [k.model for k in known.values()] == ["idt", "nope"]
     wire = Wire(_port(server))
     wire.send(_request("/v2/models/nope/infer"))
     assert wire.response()[0] == 404
