@@ -18,11 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from serving_pod.core.errors import ServerError
+from serving_pod.core.errors import ModelLoadError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+
+class VersionLoadError(ModelLoadError):
+    """A backend could not make a model version: the registry words it as Triton does, per version
+    (``version N is at UNAVAILABLE state: <status>: <message>;``). ``status``: Triton's words for its status code
+    ("Internal" for what a model's own code raised, "Invalid argument" for a config the backend refuses);
+    ``versions``: the versions it fails, where it fails all of a model's (set where they are known)."""
+
+    def __init__(self, message: str, *, status: str = "Internal") -> None:
+        super().__init__(message)
+        self.status = status
+        self.versions: list[int] = []
 
 
 @dataclass(frozen=True, slots=True)

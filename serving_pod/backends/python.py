@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from serving_pod.backends.base import InstanceContext, ModelInstance
+from serving_pod.backends.base import InstanceContext, ModelInstance, VersionLoadError
 from serving_pod.core import errors
 from serving_pod.core.datatypes import config_to_wire
 
@@ -213,16 +213,14 @@ def auto_complete_with_module(module: Any, config_text: str, label: str) -> dict
 
     model_class = getattr(module, "TritonPythonModel", None)
     if model_class is None:
-        raise errors.ModelLoadError(f"python model '{label}' does not define class TritonPythonModel")
+        raise VersionLoadError(f"python model '{label}' does not define class TritonPythonModel")
     hook = getattr(model_class, "auto_complete_config", None)
     if hook is None:
         return None
     try:
         result = hook(pb_utils.ModelConfig(config_text))
     except BaseException as exc:  # sys.exit() in a model fails its load, never the server
-        raise errors.ModelLoadError(
-            f"auto_complete_config of python model '{label}' failed: {type(exc).__name__}: {exc}"
-        ) from None
+        raise VersionLoadError(f"{type(exc).__name__}: {exc}") from None  # Triton's words: the bare exception
     if not isinstance(result, pb_utils.ModelConfig):
         raise errors.ModelLoadError(
             f"auto_complete_config function in model '{label}' must return a valid pb.ModelConfig object."
@@ -236,9 +234,8 @@ def _auto_complete_in_process(model_file: str, config_text: str, label: str) -> 
     try:
         module = load_model_module(model_file, str(Path(model_file).parent), f"{label}_autocomplete")
     except BaseException as exc:  # sys.exit() in a model fails its load, never the server
-        raise errors.ModelLoadError(
-            f"failed to load python model '{label}' from {model_file}: {describe(exc)}"
-        ) from None
+        _log.error("python model '%s': importing %s failed: %s", label, model_file, describe(exc))
+        raise VersionLoadError(describe(exc)) from None  # Triton's words: the bare exception
     try:
         return auto_complete_with_module(module, config_text, label)
     finally:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Awaitable
 
 from serving_pod.backends import pb_metrics, pb_model_loader, python_bridge
+from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
 from serving_pod.core import errors
@@ -210,9 +211,7 @@ class IsolatedInstance:
             channel.close()
             if isinstance(exc, errors.ServerError):
                 raise
-            raise errors.ModelLoadError(
-                f"failed to load python model '{self._spec.model_name}': {type(exc).__name__}: {exc}"
-            ) from None
+            raise VersionLoadError(f"{type(exc).__name__}: {exc}") from None  # Triton's words: the bare exception
 
     def _reading_loop(self) -> asyncio.AbstractEventLoop | None:
         """The engine's running loop, for the channel to read on; None off an engine or on the loop's thread

@@ -28,6 +28,7 @@ from typing import Any
 from serving_pod.backends import pb_utils
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.pb_request import bind_thread, register_module, unregister_module
+from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.python_bridge import ResponseLink
 from serving_pod.core import errors
 from serving_pod.core.types import InferRequest, InferResponse
@@ -158,9 +159,7 @@ class PythonModelInstance:
             self._module = load_model_module(spec.model_file, spec.version_dir, spec.instance_name)
         except BaseException as exc:  # a model's sys.exit() or KeyboardInterrupt fails its load, not the server
             _log.exception("python model '%s': importing %s failed", spec.model_name, spec.model_file)
-            raise errors.ModelLoadError(
-                f"failed to load python model '{spec.model_name}' from {spec.model_file}: {describe(exc)}"
-            ) from None
+            raise VersionLoadError(describe(exc)) from None  # Triton's words: the bare exception (traceback: log)
         self._owner = self._module.__name__  # unique per instance: owns its custom metric families
         register_module(self._owner, engine, spec.version_dir, spec.instance_name, spec.model_name)
         try:
@@ -190,9 +189,8 @@ class PythonModelInstance:
         spec = self._spec
         model_class = getattr(self._module, "TritonPythonModel", None)
         if model_class is None:
-            raise errors.ModelLoadError(
-                f"python model '{spec.model_name}': {spec.model_file} does not define class TritonPythonModel"
-            )
+            raise VersionLoadError(f"python model '{spec.model_name}': {spec.model_file} does not define class "
+                                   "TritonPythonModel")
         bind_thread(self._engine, spec.version_dir, self._owner)
         try:
             model = model_class()
@@ -207,9 +205,7 @@ class PythonModelInstance:
             raise
         except BaseException as exc:
             _log.exception("python model '%s': initialize failed", spec.model_name)
-            raise errors.ModelLoadError(
-                f"failed to initialize python model '{spec.model_name}': {describe(exc)}"
-            ) from None
+            raise VersionLoadError(describe(exc)) from None  # Triton's words: the bare exception (traceback: log)
         return model
 
     # ------------------------------------------------------------------ execute
@@ -270,7 +266,12 @@ class PythonModelInstance:
     def _fail_all(self, count: int, exc: BaseException | str) -> list[Any]:
         message = self._message(exc)
         _log.error("%s", message, exc_info=None if isinstance(exc, str) else exc)
-        return [errors.InternalError(message) for _ in range(count)]
+        failed = []
+        for _ in range(count):
+            error = errors.InternalError(message)
+            error.in_execution = True
+            failed.append(error)
+        return failed
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Any]:
         answers: list[Any] = [None] * len(requests)

@@ -30,8 +30,9 @@ from typing import Any, Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving_pod.backends.base import InstanceContext
+from serving_pod.backends.base import InstanceContext, VersionLoadError
 from serving_pod.backends.registry import get_backend
+from serving_pod.core.load_errors import VersionsUnavailable, version_reason
 from serving_pod.core.errors import (
     InternalError,
     InvalidArgumentError,
@@ -291,8 +292,17 @@ class ModelRegistry:
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"
                 )
                 message = str(error)
-                log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
-                if first_load:
+                if isinstance(error, VersionsUnavailable):  # Triton's log lines: one per failed version
+                    for version, reason in error.reasons.items():
+                        log.error("failed to load '%s' version %d: %s", name, version, reason)
+                    log.info("failed to load '%s'", name)
+                else:
+                    log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
+                if first_load and isinstance(error, VersionsUnavailable):  # each version's own reason, as Triton
+                    entry.versions = {v: VersionState(v, UNAVAILABLE, reason) for v, reason in error.reasons.items()}
+                    for version in error.loaded:
+                        entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
+                elif first_load:
                     entry.versions = {
                         v: VersionState(v, UNAVAILABLE, str(error)) for v in list(entry.versions) or [1]
                     }
@@ -399,17 +409,23 @@ class ModelRegistry:
         ``in_place`` versions (READY, their files unchanged) that ``core.updates`` updates in place: each is kept
         (its ``Model`` as the third item) or, with other instance groups, gets new instances (and is the fourth
         item of the third, whose statistics the new version keeps)."""
-        config, backend_name, versions = prepare_config(
-            name,
-            model_dir,
-            autocomplete=self.autocomplete,
-            override_json=config_override,
-            backend_config=self.backend_config,
-            default_instance_kind=self.default_instance_kind,
-            min_compute_capability=self.min_compute_capability,
-            config_name=self.config_name,
-        )
+        try:
+            config, backend_name, versions = prepare_config(
+                name,
+                model_dir,
+                autocomplete=self.autocomplete,
+                override_json=config_override,
+                backend_config=self.backend_config,
+                default_instance_kind=self.default_instance_kind,
+                min_compute_capability=self.min_compute_capability,
+                config_name=self.config_name,
+            )
+        except VersionLoadError as exc:  # the backend refused the model (not found, auto-complete): every version
+            if not exc.versions:
+                raise
+            raise VersionsUnavailable(name, {v: version_reason(exc) for v in exc.versions}) from None
         built: list[tuple[mc.ModelConfig, int, Any]] = []
+        failures: dict[int, str] = {}  # as Triton, every version is tried: each failed one with its reason
         try:
             for version in versions:
                 if backend_name == "ensemble":
@@ -430,12 +446,15 @@ class ModelRegistry:
                     except Exception as exc:
                         _close_all(instances)
                         if attempt == self.load_retry_count:
-                            raise
+                            failures[version] = version_reason(exc)
+                            break
                         log.warning("failed to load '%s' version %d (attempt %d of %d), retrying: %s", name, version,
                                     attempt + 1, self.load_retry_count + 1, exc)
                         continue
                     built.append((config, version, (instances, names, serving)))
                     break
+            if failures:
+                raise VersionsUnavailable(name, failures, [version for _, version, _ in built])
         except Exception:
             _close_instances(built)
             raise

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.registry import get_backend
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.repository import instance_groups
@@ -45,17 +46,22 @@ def prepare_config(
     backend_name = resolve_backend(config, model_dir)
     versions = select_versions(config, model_dir)
     if backend_name != "ensemble":
-        backend = get_backend(backend_name, backend_settings(backend_config, backend_name))
-        if autocomplete:
-            version_dir = model_dir / str(versions[-1])
-            backend.auto_complete(config, model_dir, version_dir if version_dir.is_dir() else None)
-            if (
-                backend_name not in _NO_DEFAULT_BATCHER
-                and config.max_batch_size > 1
-                and not config.HasField("dynamic_batching")
-                and not config.HasField("sequence_batching")
-            ):
-                config.dynamic_batching.SetInParent()
+        try:
+            backend = get_backend(backend_name, backend_settings(backend_config, backend_name))
+            if autocomplete:
+                version_dir = model_dir / str(versions[-1])
+                backend.auto_complete(config, model_dir, version_dir if version_dir.is_dir() else None)
+        except VersionLoadError as exc:  # Triton fails each version with it
+            exc.versions = versions
+            raise
+        if (
+            autocomplete
+            and backend_name not in _NO_DEFAULT_BATCHER
+            and config.max_batch_size > 1
+            and not config.HasField("dynamic_batching")
+            and not config.HasField("sequence_batching")
+        ):
+            config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename()

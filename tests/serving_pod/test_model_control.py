@@ -725,3 +725,88 @@ def test_loading_a_loaded_model_updates_it_in_place_as_nvidia_tritons(threaded_s
     assert expected.pop("two instances")[1:] == (["init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {})
     assert got.pop("two instances")[1:] == (["init v2 probe_0_0", "init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {})
     assert got == expected
+
+
+# ---- load errors worded as tritonserver 2.51 words them ----------------------------------------------------------
+
+_LOAD_ERROR_CONFIG = """
+name: "{name}"
+backend: "{backend}"
+{extra}input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+_INIT_RAISES = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise ValueError("boom in initialize v" + args["model_version"])
+
+    def execute(self, requests):
+        return []
+"""
+_ADD_SUB_PY = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+#: model -> (backend, config extra, files); each fails to load (e_two_mixed: its version 2 only)
+_LOAD_ERROR_MODELS = {
+    "e_init_raises": ("python", "", {"1/model.py": _INIT_RAISES}),
+    "e_syntax": ("python", "", {"1/model.py": "import x\ndef (:\n"}),
+    "e_import_raises": ("python", "", {"1/model.py": "raise RuntimeError('broken on purpose')\n"}),
+    "e_backend": ("nonexistent_backend", "", {"1/model.py": _ADD_SUB_PY}),
+    "e_two": ("python", "version_policy: { all { } }\n", {"1/model.py": _INIT_RAISES, "2/model.py": _INIT_RAISES}),
+    "e_two_mixed": ("python", "version_policy: { all { } }\n", {"1/model.py": _ADD_SUB_PY, "2/model.py": _INIT_RAISES}),
+}
+
+
+def _without_traceback(text: str) -> str:
+    """tritonserver's python errors carry the model's traceback (``\\n\\nAt:\\n  <file>(<line>): <function>\\n``);
+    Ferry logs it instead. Failed versions' clauses sorted (tritonserver's order varies from call to call); a syntax
+    error's line number masked (tritonserver's copy of model.py has one more line: tests/support/triton.py)."""
+    import re
+
+    text = re.sub(r"\n\nAt:\n(?:  [^\n]*\n)+", "", text)
+    text = re.sub(r"\(model\.py, line \d+\)", "(model.py, line N)", text)
+    head, sep, rest = text.partition(": version ")
+    if not sep:
+        return text
+    clauses = re.split(r";(?=version \d+ is at UNAVAILABLE state: )", "version " + rest.removesuffix(";\n"))
+    return head + ": " + "".join(clause + ";" for clause in sorted(clauses)) + "\n"
+
+
+def _load_error_answers(http_port: int, grpc_port: int) -> dict[str, object]:
+    import grpc
+    import httpx
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    answers: dict[str, object] = {}
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for name in _LOAD_ERROR_MODELS:
+            response = httpx.post(f"http://127.0.0.1:{http_port}/v2/repository/models/{name}/load", timeout=120)
+            try:
+                stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=name), timeout=120)
+                over_grpc: object = "OK"
+            except grpc.RpcError as error:
+                over_grpc = (error.code().name, _without_traceback(error.details()))
+            answers[name] = ((response.status_code, _without_traceback(response.json()["error"])), over_grpc)
+        rows = httpx.post(f"http://127.0.0.1:{http_port}/v2/repository/index", timeout=60).json()
+        answers["index"] = {(row["name"], row["version"]): _without_traceback(row["reason"]) for row in rows
+                            if row["name"] in _LOAD_ERROR_MODELS and row.get("reason", "unloaded") != "unloaded"}
+    return answers
+
+
+def test_load_errors_worded_as_nvidia_tritons(threaded_server, tmp_path):
+    """A python model raising in initialize or on import, a syntax error, an unknown backend, and two versions
+    failing: `load failed for model '<m>': version N is at UNAVAILABLE state: <Code>: <cause>;` per failed version,
+    HTTP 400 / gRPC INVALID_ARGUMENT, the index reason the part after "state: " (tracebacks aside)."""
+    from support.triton import running_triton
+
+    for name, (backend, extra, files) in _LOAD_ERROR_MODELS.items():
+        write_model(tmp_path, name, _LOAD_ERROR_CONFIG.format(name=name, backend=backend, extra=extra), files=files)
+    server = threaded_server([tmp_path], model_control_mode="explicit")
+    got = _load_error_answers(server.server.http_port, server.server.grpc_port)
+    assert got["e_init_raises"][0] == (400, "load failed for model 'e_init_raises': version 1 is at UNAVAILABLE "
+                                            "state: Internal: ValueError: boom in initialize v1;\n")
+    assert got["index"][("e_two", "2")] == "Internal: ValueError: boom in initialize v2"
+    with running_triton(tmp_path, [], "--exit-on-error=false") as (http, grpc_port, _):
+        expected = _load_error_answers(http, grpc_port)
+    assert got == expected

@@ -62,7 +62,7 @@ BAD_CONFIGS = {
     "duplicate input": (test_model_config("bad").replace("input [ {", 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, {'),
                         "model 'bad': duplicate input name 'INPUT0'"),
     "unknown platform": ('name: "bad"\nplatform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef' for model 'bad'"),
-    "unknown backend": ('name: "bad"\nbackend: "nope"', "unable to find backend 'nope'"),
+    "unknown backend": ('name: "bad"\nbackend: "nope"', "unable to find backend library for backend 'nope', try specifying runtime"),
     "no backend at all": ('name: "bad"', "unable to find backend for model 'bad'"),
     "both batchers": (test_model_config("bad", extra="dynamic_batching { }\nsequence_batching { }"),
                       'Field "sequence_batching" is specified along with field "dynamic_batching"'),

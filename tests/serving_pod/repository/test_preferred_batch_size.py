@@ -77,3 +77,24 @@ def test_served_configs_match_nvidia_tritons(threaded_server, python_repository,
     server = threaded_server([python_repository], model_control_mode="explicit", load_models=tuple(BATCHERS),
                              autocomplete=not flags)
     assert served(server.server.http_port) == expected
+
+
+@pytest.mark.parametrize("autocomplete", [True, False])
+def test_auto_complete_turns_dynamic_batching_on(tmp_path, autocomplete: bool) -> None:
+    """A batching model with no scheduler gets ``dynamic_batching`` from auto-complete (as Triton's onnxruntime
+    backend gives it), with the preferred size above; not a python model, not max_batch_size 1, not without
+    auto-complete (``--disable-auto-complete-config``). Regression: a refactor once left this unreachable."""
+    from serving_pod.repository.config import config_to_dict
+
+    models = {"batching": (8, 'backend: "ferry_test"'), "single": (1, 'backend: "ferry_test"'),
+              "python": (8, 'backend: "python"')}
+    served = {}
+    for name, (max_batch_size, backend) in models.items():
+        text = test_model_config(name, max_batch_size=max_batch_size).replace('backend: "ferry_test"', backend)
+        model_dir = write_model(tmp_path, name, text, {"1/model.py": PY} if "python" in backend else None)
+        served[name] = config_to_dict(prepare_config(name, model_dir, autocomplete=autocomplete)[0]).get(
+            "dynamic_batching")
+    batched = served.pop("batching")
+    assert served == {"single": None, "python": None}
+    assert (batched is not None and batched["preferred_batch_size"] == [8]) == autocomplete
+    assert autocomplete or batched is None
