@@ -4,6 +4,10 @@ Request body = JSON header, then raw tensor bytes in the order of the inputs tha
 ``binary_data_size`` (``Inference-Header-Content-Length`` gives the JSON length). Responses are plain
 JSON unless some output is binary; then JSON header + raw bytes in output order. Binary inputs become
 zero-copy ``numpy.frombuffer`` views; every size is checked before use.
+
+Which outputs are binary follows tritonserver 2.51: a request that lists its ``outputs`` gets binary data for
+those whose own ``binary_data`` parameter is true, whatever the request's ``binary_data_output``; that one
+counts only for a request listing none (no ``outputs``, or an empty list, which asks for every output).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import orjson
 
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
-from serving_pod.core.parameters import RESERVED_PARAMETER_KEYS
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
 from serving_pod.http.responses import before_parsing
@@ -69,16 +72,18 @@ def decode_infer_request(
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")  # Triton's words
-    parameters = header.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidArgumentError("request 'parameters' must be a JSON object")
-    if parameters:
+    parameters = header.get("parameters")
+    if type(parameters) is not dict:
+        if parameters is not None or "parameters" in header:  # Triton's words
+            raise InvalidArgumentError("failed to get request params.: attempt to get members for non-object")
+        parameters = {}
+    elif parameters:
         _check_http_parameters(parameters)
     outputs = None
     raw_outputs = header.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise InvalidArgumentError("request 'outputs' must be an array")
+    if raw_outputs is not None and type(raw_outputs) is not list:
+        raise InvalidArgumentError("request 'outputs' must be an array")
+    if raw_outputs:  # an empty list asks for every output, as none listed
         outputs = []
         for out in raw_outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
@@ -111,9 +116,15 @@ def decode_infer_request(
     return request
 
 
+#: the request parameters whose type is checked by name (``binary_data_output`` here, the others by
+#: ``core.parameters``); any other key, ``headers`` included, must be an int, bool, string or double
+_TYPED_PARAMETERS = frozenset({"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority",
+                               "timeout"})
+
+
 def _check_http_parameters(parameters: dict[str, Any]) -> None:
     """What Triton's HTTP front end refuses beyond ``core.parameters``: a non-boolean ``binary_data_output``,
-    and any ``triton_`` key (the reserved one is for gRPC streams)."""
+    any ``triton_`` key (the reserved one is for gRPC streams), and a value that is an object, array or null."""
     if type(parameters.get("binary_data_output", False)) is not bool:
         raise InvalidArgumentError(
             f"Unable to parse 'binary_data_output': expected true or false, got {parameters['binary_data_output']!r}"
@@ -124,7 +135,7 @@ def _check_http_parameters(parameters: dict[str, Any]) -> None:
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
             )
         # a parameter reaches the model as an int, bool, string or double; Triton refuses anything else
-        if (value is None or isinstance(value, (list, dict))) and key not in RESERVED_PARAMETER_KEYS:
+        if (value is None or isinstance(value, (list, dict))) and key not in _TYPED_PARAMETERS:
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
             )
@@ -256,17 +267,19 @@ def encode_infer_response(
     response: InferResponse, request: InferRequest
 ) -> tuple[bytes, int | None]:
     """Response body, and the JSON header length when binary outputs follow (else None)."""
-    default_binary = bool(request.parameters.get("binary_data_output", False))
-    wanted: dict[str, dict] = {}
+    # binary_data_output counts only where no output is listed (module docstring)
     if request.outputs:
-        for out in request.outputs:
-            wanted[out.name] = out.parameters
+        default_binary = False
+        wanted = {out.name: out.parameters for out in request.outputs}
+    else:
+        default_binary = bool(request.parameters.get("binary_data_output", False))
+        wanted = {}
     outputs_json = []
     chunks: list[bytes] = []
     for tensor in response.outputs:
         params = wanted.get(tensor.name)
         binary = default_binary
-        if params is not None and "binary_data" in params:
+        if params and "binary_data" in params:
             binary = bool(params["binary_data"])
         entry: dict[str, Any] = {
             "name": tensor.name,

@@ -4,7 +4,9 @@ and ``ServerError`` -> ``{"error": msg}`` with the status from ``core.errors``.
 Content types of error answers follow tritonserver 2.51, whose handlers set ``application/json`` as their first
 step for some routes only: an answer from a route without one (health, model readiness, an unknown route), or
 an inference error found before the request body is parsed, carries libevhtp's default ``text/plain`` while its
-body is still the ``{"error": ...}`` object (tritonclient reads the body whatever the type).
+body is still the ``{"error": ...}`` object (tritonclient reads the body whatever the type). So does an inference
+error that comes from the model's execution (tritonserver sends it from the response callback, which sets no
+type); errors found while parsing the body, validating the request or queuing it are ``application/json``.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def before_parsing(error: ServerError) -> ServerError:
 
 def infer_content_type(error: ServerError) -> bytes:
     """The content type of an inference error answer: ``TEXT`` for what tritonserver finds before parsing the body
-    (``before_parsing``, or the model lookup), else ``JSON``."""
-    if getattr(error, "before_parsing", False) or error.message.startswith(_LOOKUP_ERRORS):
+    (``before_parsing``, or the model lookup) and for an error of the model's execution (an error the model sent
+    as its response, ``ServerError.sent_as_response``, or its failed execution, ``ServerError.in_execution``), else
+    ``JSON``."""
+    if (getattr(error, "before_parsing", False) or error.sent_as_response or error.in_execution
+            or error.message.startswith(_LOOKUP_ERRORS)):
         return TEXT
     return JSON
 

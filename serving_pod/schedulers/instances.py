@@ -311,9 +311,12 @@ def _run(
     try:
         results = _checked(list(instance.execute(requests)), requests)
     except ServerError as exc:
+        exc.in_execution = True
         results = [exc] * len(requests)
     except Exception as exc:  # a backend bug must fail these requests, not the server
-        results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
+        error = InternalError(f"{type(exc).__name__}: {exc}")
+        error.in_execution = True
+        results = [error] * len(requests)
     return results, start_ns, time.monotonic_ns()
 
 
@@ -324,5 +327,6 @@ async def _failed(exc: Exception, count: int) -> list[Result]:
 def _checked(results: list[Result], requests: list[InferRequest]) -> list[Result]:
     if len(results) != len(requests):
         error = InternalError(f"backend returned {len(results)} responses for {len(requests)} requests")
+        error.in_execution = True
         return [error] * len(requests)
     return results

@@ -7,13 +7,16 @@ Triton answers 500 for a malformed body, ...) are not in the table.
 
 Triton's content types are route by route: its handlers for metadata, configuration, statistics and the
 repository set ``application/json`` first, while health, model readiness, unknown routes and inference errors
-found before the body is parsed keep libevhtp's default ``text/plain`` (with the same ``{"error": ...}`` body).
+found before the body is parsed keep libevhtp's default ``text/plain`` (with the same ``{"error": ...}`` body),
+and so do errors of the model's execution (sent from Triton's response callback).
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,7 +74,29 @@ class TritonPythonModel:
         return None
 '''
 
-MODELS = ("add_sub", "counter")
+FAILS_CONFIG = ADD_SUB_CONFIG.replace('"add_sub"', '"fails"')
+
+#: INPUT0's first element picks the failure: 1 an error response, 2 one with a code, else ``execute`` raises
+FAILS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            kind = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().flat[0])
+            if kind == 1:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("bad thing")))
+            elif kind == 2:
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("bad argument", pb_utils.TritonError.INVALID_ARG)))
+            else:
+                raise RuntimeError("boom")
+        return out
+'''
+
+MODELS = ("add_sub", "counter", "fails")
 
 
 def _json(document: Any) -> bytes:
@@ -82,6 +107,11 @@ def _inputs(**extra: Any) -> bytes:
     return _json({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
                              {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}],
                   **extra})
+
+
+def _failing(kind: int) -> bytes:
+    return _json({"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 4], "data": [kind, 0, 0, 0]}
+                             for name in ("INPUT0", "INPUT1")]})
 
 
 def _binary(tail: int = 0) -> tuple[bytes, dict[str, str]]:
@@ -123,6 +153,7 @@ def _typed(status: int, message: str) -> Answer:
 OUTPUTS = (b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"data":[2,3,4,5]},'
            b'{"name":"OUTPUT1","datatype":"INT32","shape":[1,4],"data":[0,1,2,3]}')
 SUM = b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS + b"]}"
+INVALID_TYPE = "parameter '{}' has invalid type. It should be either 'int', 'bool', or 'string'."
 NOT_FOUND = _text(404, "Not Found")
 NOT_ALLOWED_TEXT = _text(405, "Method Not Allowed")
 NOT_ALLOWED_JSON = _typed(405, "Method Not Allowed")
@@ -179,6 +210,41 @@ CASES: dict[str, tuple[Case, Answer]] = {
         b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS.split(b"},")[0] + b"}]}")),
     "infer with an id": (Case("POST", "/v2/models/add_sub/infer", _inputs(id="r1")), Answer(
         200, "application/json", (None, None), b'{"id":"r1",' + SUM[1:])),
+    "infer input of another datatype": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]})), _typed(
+        400, "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'FP32', but model 'add_sub' expects "
+             "'INT32'")),
+    # errors of the model's execution: text/plain, as the model worded them
+    "infer, the model answers an error": (Case("POST", "/v2/models/fails/infer", _failing(1)),
+                                          _text(500, "bad thing")),
+    "infer, the model answers an error with a code": (Case("POST", "/v2/models/fails/infer", _failing(2)),
+                                                      _text(400, "bad argument")),
+    "infer, the model raises": (Case("POST", "/v2/models/fails/infer", _failing(3)), _text(
+        500, "Failed to process the request(s) for model 'fails_0', message: RuntimeError: boom")),
+    # request parameters: an int, bool, string or double; an object, array or null is refused, ``headers`` too
+    "request parameter headers an object": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"headers": {"x-a": "b"}})), _typed(400, INVALID_TYPE.format("headers"))),
+    "request parameter headers an array": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"headers": ["x-a"]})), _typed(400, INVALID_TYPE.format("headers"))),
+    "request parameter headers null": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"headers": None})), _typed(400, INVALID_TYPE.format("headers"))),
+    "request parameter headers a string": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"headers": "x-a"})), Answer(200, "application/json", (None, None), SUM)),
+    "request parameter a nested object": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"p": {"q": {"r": 1}}})), _typed(400, INVALID_TYPE.format("p"))),
+    "request parameter an array": (Case("POST", "/v2/models/add_sub/infer", _inputs(
+        parameters={"p": [1, 2]})), _typed(400, INVALID_TYPE.format("p"))),
+    "request parameter null": (Case("POST", "/v2/models/add_sub/infer", _inputs(parameters={"p": None})),
+                               _typed(400, INVALID_TYPE.format("p"))),
+    "request parameter a double": (Case("POST", "/v2/models/add_sub/infer", _inputs(parameters={"p": 1.5})),
+                                   Answer(200, "application/json", (None, None), SUM)),
+    "input and output parameters of any type": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4],
+         "parameters": {"headers": {"a": "b"}, "p": [1], "q": None}},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"headers": {"a": "b"}, "p": [1], "q": None}},
+                    {"name": "OUTPUT1"}]})), Answer(200, "application/json", (None, None), SUM)),
     # response encoding: the accepted one of the highest q-value, the first among equals
     "gzip refused by its q-value": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
         "Accept-Encoding": "gzip;q=0"}), Answer(200, "application/json", (None, None), SUM)),
@@ -202,7 +268,7 @@ CASES: dict[str, tuple[Case, Answer]] = {
     # a repository named in the path: the index ignores it, model control refuses it
     "named repository index": (Case("POST", "/v2/repository/any/index", _json({"ready": True})), Answer(
         200, "application/json", (None, None),
-        b'[{"name":"add_sub","version":"1","state":"READY"},{"name":"counter","version":"1","state":"READY"}]')),
+        b"[" + b",".join(b'{"name":"%s","version":"1","state":"READY"}' % name.encode() for name in MODELS) + b"]")),
     "named repository load": (Case("POST", "/v2/repository/any/models/add_sub/load"),
                               _typed(501, "'repository_name' specification is not supported")),
     "named repository unload": (Case("POST", "/v2/repository/any/models/add_sub/unload"),
@@ -210,13 +276,59 @@ CASES: dict[str, tuple[Case, Answer]] = {
 }
 
 
+def _binary_output_cases() -> dict[str, tuple[Case, Answer]]:
+    """Every way of asking for binary outputs: the request's ``binary_data_output`` (true, false, absent) with both
+    outputs listed (their ``binary_data`` true, false, absent beside another parameter, or no parameters at all),
+    one listed with it and one without, none listed, or an empty list. Triton's rule: a listed output is binary
+    when its own ``binary_data`` is true; ``binary_data_output`` counts only where no output is listed."""
+    values = {"OUTPUT0": [2, 3, 4, 5], "OUTPUT1": [0, 1, 2, 3]}
+    each = {"true": {"binary_data": True}, "false": {"binary_data": False}, "absent": {"other": 1}, "none": None}
+
+    def answer(binary: dict[str, bool]) -> Answer:
+        entries, chunks = [], []
+        for name, is_binary in binary.items():
+            entry = b'{"name":"%s","datatype":"INT32","shape":[1,4],' % name.encode()
+            if is_binary:
+                entries.append(entry + b'"parameters":{"binary_data_size":16}}')
+                chunks.append(np.array(values[name], np.int32).tobytes())
+            else:
+                entries.append(entry + b'"data":' + _json(values[name]).replace(b" ", b"") + b"}")
+        body = b'{"model_name":"add_sub","model_version":"1","outputs":[' + b",".join(entries) + b"]}"
+        content_type = "application/octet-stream" if chunks else "application/json"
+        return Answer(200, content_type, (None, None), body + b"".join(chunks))
+
+    def case(request_level: str, **extra: Any) -> Case:
+        parameters = {} if request_level == "absent" else {"parameters": {"binary_data_output": request_level == "true"}}
+        return Case("POST", "/v2/models/add_sub/infer", _inputs(**parameters, **extra))
+
+    cases = {}
+    for request_level in ("true", "false", "absent"):
+        prefix = f"binary_data_output {request_level}"
+        for per_output, parameters in each.items():
+            listed = [{"name": name, **({"parameters": parameters} if parameters else {})} for name in values]
+            cases[f"{prefix}, outputs listed with binary_data {per_output}"] = (
+                case(request_level, outputs=listed), answer({name: per_output == "true" for name in values}))
+        cases[f"{prefix}, one output with binary_data true"] = (
+            case(request_level, outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}]),
+            answer({"OUTPUT0": True, "OUTPUT1": False}))
+        for label, extra in (("no outputs listed", {}), ("an empty outputs list", {"outputs": []})):
+            cases[f"{prefix}, {label}"] = (case(request_level, **extra),
+                                          answer({name: request_level == "true" for name in values}))
+    return cases
+
+
+CASES.update(_binary_output_cases())
+
+
 def _answer(port: int, case: Case) -> Answer:
     headers = {"Accept-Encoding": "identity", **case.headers}  # httpx asks for gzip unless told otherwise
     response = httpx.request(case.method, f"http://127.0.0.1:{port}{case.path}", content=case.body,
                              headers=headers, timeout=30)
     headers = response.headers
+    # Triton's python stub adds the traceback of a failed execute (with its copy's path); Ferry does not
+    body = re.sub(rb'\\n\\nAt:\\n.*?(?="})', b"", response.content)
     return Answer(response.status_code, headers.get("content-type"),
-                  (headers.get("content-encoding"), headers.get("accept-encoding")), response.content)
+                  (headers.get("content-encoding"), headers.get("accept-encoding")), body)
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +336,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("http_parity")
     write_model(path, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
     write_model(path, "counter", COUNTER_CONFIG, {"1/model.py": COUNTER_MODEL})
+    write_model(path, "fails", FAILS_CONFIG, {"1/model.py": FAILS_MODEL})
     return path
 
 
@@ -290,3 +403,12 @@ def test_tritonclient_reads_the_text_typed_errors(ferry_port: int) -> None:
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         client.infer("nope", [tensor])
     client.close()
+
+
+@pytest.mark.parametrize("parameters", [None, [1], "p"])
+def test_request_parameters_not_an_object_refused_in_tritons_words(ferry_port: int, parameters: Any) -> None:
+    """``"parameters": null`` (or any non-object) is refused with Triton's words; Triton's status is 500, Ferry's
+    400, as for the other malformed bodies (module docstring)."""
+    case = Case("POST", "/v2/models/add_sub/infer", _inputs(parameters=parameters))
+    assert _answer(ferry_port, case) == _typed(
+        400, "failed to get request params.: attempt to get members for non-object")
