@@ -26,6 +26,8 @@ class ServerError(Exception):
     #: the model's execution failed with this error (its backend raised it or returned it for the request), as
     #: opposed to a refusal before the model ran; tritonserver's HTTP front end types these answers text/plain
     in_execution: bool = False
+    #: an HTTP inference error tritonserver finds before it parses the body (``http.responses.before_parsing``)
+    before_parsing: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

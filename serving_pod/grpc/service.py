@@ -206,7 +206,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                     encoded.parameters["triton_final_response"].bool_param = response.final
                     await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
             except ServerError as error:
-                if getattr(error, "refused_before_queue", False):  # set by the engine (``core.engine.mark_refused``)
+                if error.refused_before_queue:  # set by the engine (``core.engine.mark_refused``)
                     await queue.put(_refused(message, error))
                 else:  # the request's last response
                     await failed(message, error, True)

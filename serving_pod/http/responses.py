@@ -36,7 +36,7 @@ def error_body(error: ServerError) -> tuple[int, bytes]:
 def before_parsing(error: ServerError) -> ServerError:
     """Mark ``error`` as one tritonserver finds before it parses an inference body (a request header, the
     body's encoding, the model's transaction policy): answered as ``TEXT`` (``infer_content_type``)."""
-    setattr(error, "before_parsing", True)
+    error.before_parsing = True
     return error
 
 
@@ -45,7 +45,7 @@ def infer_content_type(error: ServerError) -> bytes:
     (``before_parsing``, or the model lookup) and for an error of the model's execution (an error the model sent
     as its response, ``ServerError.sent_as_response``, or its failed execution, ``ServerError.in_execution``), else
     ``JSON``."""
-    if (getattr(error, "before_parsing", False) or error.sent_as_response or error.in_execution
+    if (error.before_parsing or error.sent_as_response or error.in_execution
             or error.message.startswith(_LOOKUP_ERRORS)):
         return TEXT
     return JSON
