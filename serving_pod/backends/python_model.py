@@ -266,12 +266,7 @@ class PythonModelInstance:
     def _fail_all(self, count: int, exc: BaseException | str) -> list[Any]:
         message = self._message(exc)
         _log.error("%s", message, exc_info=None if isinstance(exc, str) else exc)
-        failed = []
-        for _ in range(count):
-            error = errors.InternalError(message)
-            error.in_execution = True
-            failed.append(error)
-        return failed
+        return [errors.execution_error(message) for _ in range(count)]
 
     def _execute_decoupled(self, requests: list[InferRequest]) -> list[Any]:
         answers: list[Any] = [None] * len(requests)

@@ -75,6 +75,13 @@ class UnknownError(ServerError):
     code = "UNKNOWN"
 
 
+def execution_error(message: str) -> InternalError:
+    """An INTERNAL error of a model's execution (``ServerError.in_execution``): its backend failed the requests."""
+    error = InternalError(message)
+    error.in_execution = True
+    return error
+
+
 class ModelLoadError(ServerError):
     """A model failed to load: bad config, missing files, backend failure."""
 

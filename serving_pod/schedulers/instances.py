@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 from serving_pod.backends.base import ModelInstance
-from serving_pod.core.errors import InternalError, ServerError
+from serving_pod.core.errors import InternalError, ServerError, execution_error
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse
 
@@ -314,9 +314,7 @@ def _run(
         exc.in_execution = True
         results = [exc] * len(requests)
     except Exception as exc:  # a backend bug must fail these requests, not the server
-        error = InternalError(f"{type(exc).__name__}: {exc}")
-        error.in_execution = True
-        results = [error] * len(requests)
+        results = [execution_error(f"{type(exc).__name__}: {exc}")] * len(requests)
     return results, start_ns, time.monotonic_ns()
 
 
@@ -326,7 +324,6 @@ async def _failed(exc: Exception, count: int) -> list[Result]:
 
 def _checked(results: list[Result], requests: list[InferRequest]) -> list[Result]:
     if len(results) != len(requests):
-        error = InternalError(f"backend returned {len(results)} responses for {len(requests)} requests")
-        error.in_execution = True
+        error = execution_error(f"backend returned {len(results)} responses for {len(requests)} requests")
         return [error] * len(requests)
     return results
