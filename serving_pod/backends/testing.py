@@ -8,7 +8,8 @@ zeros of the declared shape), so any data type and shape can be exercised. Confi
 - ``fail_load``: "true" makes instance creation fail (a model that fails to load).
 
 Every execution is appended to ``instance.executions`` as the list of batch sizes it ran, so tests
-can see exactly how requests were grouped.
+can see exactly how requests were grouped; ``most_running`` is the most executions it ever ran at once, and
+``closed`` says whether it was finalized.
 """
 
 from __future__ import annotations
@@ -49,8 +50,20 @@ class TestInstance:
         self.batching = config.max_batch_size > 0
         self.executions: list[list[int]] = []
         self.lock = threading.Lock()
+        self.running = self.most_running = 0
+        self.closed = False
 
     def execute(self, requests: list[InferRequest]) -> list[InferResponse | ServerError]:
+        with self.lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        try:
+            return self._execute(requests)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def _execute(self, requests: list[InferRequest]) -> list[InferResponse | ServerError]:
         if self.delay_s:
             time.sleep(self.delay_s)
         sizes = [r.inputs[0].data.shape[0] if self.batching and r.inputs else 1 for r in requests]
@@ -80,7 +93,7 @@ class TestInstance:
         return results
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def _type_name(value: int) -> str:

@@ -1,7 +1,7 @@
 """What is loaded: model versions, their states (LOADING/READY/UNLOADING/UNAVAILABLE) and model control.
 
-The registry asks the repository what exists, prepares configs and creates instances on a loader
-thread (the event loop keeps serving), then swaps new versions in atomically. A failed reload keeps
+The registry asks the repository what exists, has ``core.builder`` prepare configs and create instances on a
+loader thread (the event loop keeps serving), then swaps new versions in atomically. A failed reload keeps
 the previous versions serving, and a failed (re)load leaves nothing behind: the instances it made
 are finalized and the versions it assembled leave the rate limiter. Unloading drains a version's
 scheduler before finalizing its instances.
@@ -30,9 +30,8 @@ from typing import Any, Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving_pod.backends.base import InstanceContext, VersionLoadError
-from serving_pod.backends.registry import get_backend
-from serving_pod.core.load_errors import VersionsUnavailable, version_reason
+from serving_pod.core.builder import Built, BuiltInstances, VersionBuilder, close_instances
+from serving_pod.core.load_errors import VersionsUnavailable
 from serving_pod.core.errors import (
     InternalError,
     InvalidArgumentError,
@@ -42,19 +41,13 @@ from serving_pod.core.errors import (
     unknown_model,
     unknown_version,
 )
-from serving_pod.core import updates
-from serving_pod.core.latency_metrics import LatencyMetricsSettings, LatencyRecorder, first_response_buckets
+from serving_pod.core.latency_metrics import LatencyMetricsSettings
 from serving_pod.core.model import Model
-from serving_pod.core.statistics import ModelStats
 from serving_pod.repository import instance_groups
 from serving_pod.repository.config import config_path
-from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.repository.timestamps import ModelTimestamp
 from serving_pod.repository.repository import ModelRepository, ModelSource
-from serving_pod.schedulers.factory import create_scheduler
-from serving_pod.schedulers.instances import InstancePool
 from serving_pod.schedulers.rate_limiter import unregister_pool
-from serving_pod.warmup import warm_up
 
 log = logging.getLogger("ferry.registry")
 
@@ -85,20 +78,6 @@ def _ready_version(ready: list[Model], version: str) -> Model | None:
         if model.version_str == version:
             return model
     return None
-
-
-def _close_instances(built: list[tuple[mc.ModelConfig, int, Any]]) -> None:
-    for _, _, pools in built:
-        if pools and not isinstance(pools, Model):  # a version updated in place keeps its instances
-            _close_all(pools[0])
-
-
-def _close_all(instances: list[Any]) -> None:
-    for instance in instances:
-        try:
-            instance.close()
-        except Exception:  # one failing finalize must not keep the others open
-            log.exception("closing an instance of a model that failed to load")
 
 
 @dataclass
@@ -146,17 +125,11 @@ class ModelRegistry:
         load_retry_count: int = 0,
     ) -> None:
         self.repository = repository
-        #: ``--metrics-config``: whether each model version gets a ``LatencyRecorder``
-        self.latency_metrics = latency_metrics or LatencyMetricsSettings()
-        #: ``--model-load-retry-count``: further attempts at creating a version's instances after a failure
-        self.load_retry_count = load_retry_count
-        #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one
+        self.builder = VersionBuilder(
+            engine, autocomplete, backend_config or {}, default_instance_kind, min_compute_capability, config_name,
+            latency_metrics or LatencyMetricsSettings(), load_retry_count,
+        )
         self.config_name = config_name
-        self.autocomplete = autocomplete
-        self.backend_config = backend_config or {}
-        self.default_instance_kind = default_instance_kind
-        self.min_compute_capability = min_compute_capability
-        self.engine = engine
         self.entries: dict[str, ModelEntry] = {}
         #: ensemble being loaded -> the model its load waits for (a step's load, its own or one under way)
         self._waits: dict[str, str] = {}
@@ -273,21 +246,21 @@ class ModelRegistry:
                 for state in entry.versions.values():
                     state.state, state.reason = LOADING, ""
             start = time.monotonic()
-            built: list[tuple[mc.ModelConfig, int, Any]] = []
+            built: list[Built] = []
             models: list[Model] = []
             try:
-                built = await asyncio.to_thread(self._build, name, model_dir, config_override, in_place)
+                built = await asyncio.to_thread(self.builder.build, name, model_dir, config_override, in_place)
                 if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
                     await self._prepare_ensemble(built[0][0])
                 duration = time.monotonic() - start
                 for config, version, pools in built:
-                    models.append(self._assemble(config, version, pools, duration, model_dir=model_dir))
+                    models.append(self.builder.assemble(config, version, pools, duration, model_dir=model_dir))
             except Exception as exc:
                 # versions assembled before the failing one joined the rate limiter: none of them serves
                 for model in models:
                     if all(model is not kept for _, _, kept in built):  # one updated in place serves on
                         unregister_pool(model.pool)
-                await asyncio.to_thread(_close_instances, built)  # a scheduler may refuse the config
+                await asyncio.to_thread(close_instances, built)  # a scheduler may refuse the config
                 error = exc if isinstance(exc, ServerError) else ModelLoadError(
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"
                 )
@@ -310,6 +283,12 @@ class ModelRegistry:
             for config, _, kept in built:
                 if isinstance(kept, Model):
                     kept.config = config  # as Triton: the new version_policy is served from now on
+            taken_over = [(model, made) for model, (_, _, made) in zip(models, built)
+                          if isinstance(made, BuiltInstances) and made.kept]
+            for _, made in taken_over:  # the previous pool leaves these instances running when it closes
+                previous = made.previous.pool  # type: ignore[union-attr]
+                for kept in made.kept.values():
+                    getattr(previous, "inner", previous).hand_over(kept)
             old = entry.ready
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
@@ -320,6 +299,9 @@ class ModelRegistry:
             for model in retired:
                 entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
             await self._retire(retired)
+            for model, made in taken_over:  # the previous pool has drained: the kept instances serve the new one
+                for index in made.kept:
+                    model.pool.admit(index)
             for model in old:
                 if model.version not in {m.version for m in entry.ready}:
                     entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
@@ -402,113 +384,6 @@ class ModelRegistry:
                 await self.unload(name)
 
     # --- internals ---------------------------------------------------------------------------
-    def _build(
-        self, name: str, model_dir: Path, config_override: str | None, in_place: dict[int, Model] | None = None
-    ) -> list[tuple[mc.ModelConfig, int, Any]]:
-        """Loader thread: prepare the config and create every instance of every version, but those of the
-        ``in_place`` versions (READY, their files unchanged) that ``core.updates`` updates in place: each is kept
-        (its ``Model`` as the third item) or, with other instance groups, gets new instances (and is the fourth
-        item of the third, whose statistics the new version keeps)."""
-        try:
-            config, backend_name, versions = prepare_config(
-                name,
-                model_dir,
-                autocomplete=self.autocomplete,
-                override_json=config_override,
-                backend_config=self.backend_config,
-                default_instance_kind=self.default_instance_kind,
-                min_compute_capability=self.min_compute_capability,
-                config_name=self.config_name,
-            )
-        except VersionLoadError as exc:  # the backend refused the model (not found, auto-complete): every version
-            if not exc.versions:
-                raise
-            raise VersionsUnavailable(name, {v: version_reason(exc) for v in exc.versions}) from None
-        built: list[tuple[mc.ModelConfig, int, Any]] = []
-        failures: dict[int, str] = {}  # as Triton, every version is tried: each failed one with its reason
-        try:
-            for version in versions:
-                if backend_name == "ensemble":
-                    built.append((config, version, None))
-                    continue
-                serving = (in_place or {}).get(version)
-                if serving is not None and not updates.requires_reload(serving.config, config):
-                    if updates.same_instances(serving.config, config):
-                        built.append((config, version, serving))
-                        continue
-                else:
-                    serving = None
-                for attempt in range(self.load_retry_count + 1):  # --model-load-retry-count, as Triton
-                    instances: list[Any] = []
-                    names: list[str] = []
-                    try:
-                        self._create_instances(name, model_dir, config, backend_name, version, instances, names)
-                    except Exception as exc:
-                        _close_all(instances)
-                        if attempt == self.load_retry_count:
-                            failures[version] = version_reason(exc)
-                            break
-                        log.warning("failed to load '%s' version %d (attempt %d of %d), retrying: %s", name, version,
-                                    attempt + 1, self.load_retry_count + 1, exc)
-                        continue
-                    built.append((config, version, (instances, names, serving)))
-                    break
-            if failures:
-                raise VersionsUnavailable(name, failures, [version for _, version, _ in built])
-        except Exception:
-            _close_instances(built)
-            raise
-        return built
-
-    def _create_instances(self, name: str, model_dir: Path, config: mc.ModelConfig, backend_name: str, version: int,
-                          instances: list[Any], names: list[str]) -> None:
-        """Create and warm up every instance of one version into ``instances`` (filled as they are made, so a
-        failure part-way leaves the caller the ones to close)."""
-        settings = backend_settings(self.backend_config, backend_name)
-        backend = get_backend(backend_name, settings)
-        for instance_name, kind, device, _ in instance_groups.placements(config):
-            context = InstanceContext(
-                model_name=name,
-                model_version=str(version),
-                model_dir=model_dir,
-                version_dir=model_dir / str(version),
-                config=config,
-                name=instance_name,
-                kind=kind,
-                device_id=device,
-                backend_config=settings,
-                engine=self.engine,
-            )
-            instances.append(backend.create_instance(context))
-            names.append(instance_name)
-        warm_up(config, model_dir, str(version), instances, names)
-
-    def _assemble(
-        self, config: mc.ModelConfig, version: int, pools: Any, duration: float, *, model_dir: Path | None = None
-    ) -> Model:
-        if isinstance(pools, Model):
-            return pools  # updated in place: serving on as it is
-        if pools is not None and pools[2] is not None:
-            stats = pools[2].stats  # new instances for new instance groups: the version keeps its statistics
-        else:
-            stats = ModelStats(config.name, str(version))
-            stats.load_duration_s = duration
-            settings = self.latency_metrics
-            if settings.per_request:
-                buckets = first_response_buckets(config) if settings.histogram_latencies else ()
-                stats.latency = LatencyRecorder(settings, cache_enabled=config.response_cache.enable,
-                                                first_response_buckets=buckets)
-        model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
-        model.model_dir = model_dir
-        pool = None
-        if pools is not None:
-            instances, names, _ = pools
-            mode = config.parameters["ferry_execution_mode"].string_value if "ferry_execution_mode" in config.parameters else "auto"
-            pool = InstancePool(instances, names, stats, model.batch_size_of, execution_mode=mode or "auto")
-        model.pool = pool
-        model.scheduler = create_scheduler(model, pool, engine=self.engine)
-        return model
-
     async def _prepare_ensemble(self, config: mc.ModelConfig) -> None:
         """Load what an ensemble's steps need (as Triton does), then validate its graph against them."""
         from serving_pod.schedulers.ensemble_graph import validate_mapping, validate_structure

@@ -4,9 +4,10 @@ A READY version of a model that is not an ensemble, whose own files are no newer
 whose new config differs from its serving one in nothing but ``instance_group`` and ``version_policy``
 (``ConfigChangeRequiresReload``), is updated in place: it keeps serving, and its statistics, without being created
 again. With equal instance groups nothing else happens (no instance is initialized again); with other instance
-groups Ferry creates the version's instances again for the new groups while the version keeps its statistics
-(Triton keeps the instances whose group is unchanged and creates or finalizes only the difference). Anything else
-is a full load of that version. The registry applies the decision; this module only makes it.
+groups the version keeps its statistics and the instances whose group setting is unchanged
+(``instance_groups.signature``), and only the difference is created or finalized, as Triton's
+``UpdateInstanceGroup`` (a sequence model creates all its instances again). Anything else is a full load of that
+version. The registry applies the decision; this module only makes it.
 """
 
 from __future__ import annotations

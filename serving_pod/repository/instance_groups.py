@@ -10,6 +10,7 @@
   GPUs that are visible; each refusal is Triton's message.
 * ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
   a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
+* ``signature``: what an instance-group update matches instances by (Triton's instance signature).
 
 The visible GPUs are those CUDA enumerates (NVML's, through ``CUDA_VISIBLE_DEVICES`` where it is set) of at
 least ``--min-supported-compute-capability`` (default 6.0, as Triton's).
@@ -136,3 +137,14 @@ def placements(config: mc.ModelConfig) -> list[tuple[str, str, int, mc.ModelInst
         for index in range(group.count):
             result.extend((f"{group.name}_{index}", kind, device, group) for device in devices)
     return result
+
+
+def signature(group: mc.ModelInstanceGroup, device: int) -> bytes:
+    """What identifies an instance across an instance-group update, as Triton's ``TritonModelInstance::Signature``:
+    its device and its group with the group's name and count left out. A new config's instance whose signature an
+    instance of the serving version has keeps that instance (its name included) instead of creating one."""
+    normalized = mc.ModelInstanceGroup()
+    normalized.CopyFrom(group)
+    normalized.name = "[Normalized]"
+    normalized.count = 1
+    return device.to_bytes(4, "little", signed=True) + normalized.SerializeToString(deterministic=True)

@@ -30,6 +30,11 @@ native code without the GIL: onnxruntime, TensorRT), the loop waits on a lock, t
 the worker runs (``HANDOFF_TIMEOUT_S`` at most); the worker drops the GIL in the framework call and the
 loop goes on. A python model holds the GIL while it runs, so the loop would wait on it instead: its
 executions start the ordinary way.
+
+Instance-group updates: a version whose instance groups change is served by a new pool that keeps some of the
+previous pool's instances (``adopted``, with their worker threads). Those are ``held``, never idle, until the
+registry ``admit``s them once the previous pool's scheduler has drained, so an instance never runs executions of
+both pools at once; the previous pool's ``close`` leaves the instances it ``hand_over``-ed running.
 """
 
 from __future__ import annotations
@@ -118,14 +123,26 @@ class InstancePool:
         stats: ModelStats,
         batch_size_of: BatchSizer,
         execution_mode: str = "auto",
+        *,
+        signatures: list[bytes] | None = None,
+        adopted: dict[int, ThreadPoolExecutor] | None = None,
     ) -> None:
         self.instances = instances
         self.names = names
         self.stats = stats
         self.batch_size_of = batch_size_of
+        #: each instance's ``instance_groups.signature``: what a later instance-group update may keep
+        self.signatures = signatures or []
+        adopted = adopted or {}
         self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) for name in names
+            adopted.get(index) or ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+            for index, name in enumerate(names)
         ]
+        #: instances taken over from the version's previous pool: idle only once ``admit`` says that pool is done
+        self.held: set[int] = set(adopted)
+        #: instances this pool handed over to the next pool of its version: ``close`` leaves them running
+        self._handed_over: set[int] = set()
+        self._listeners: list[Callable[[], None]] = []
         self._modes = [
             _Mode(
                 allowed=execution_mode != "thread" and bool(getattr(instance, "inline_safe", False)),
@@ -141,7 +158,8 @@ class InstancePool:
         self._idle: asyncio.Queue[int] = asyncio.Queue()
         self._waiting = 0
         for index in range(len(instances)):
-            self._idle.put_nowait(index)
+            if index not in self.held:
+                self._idle.put_nowait(index)
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -173,6 +191,28 @@ class InstancePool:
 
     def release(self, index: int) -> None:
         self._idle.put_nowait(index)
+
+    def notify_when_available(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when a held instance is admitted. Only a pool with held instances keeps it: otherwise an
+        instance comes back only from an execution, which its scheduler sees end."""
+        if self.held:
+            self._listeners.append(callback)
+
+    def admit(self, index: int) -> None:
+        """A held instance (``held``) is idle from now on: the previous pool of its version has drained."""
+        self.held.discard(index)
+        self._idle.put_nowait(index)
+        listeners, self._listeners = self._listeners, []
+        for callback in listeners:
+            callback()
+
+    def worker(self, index: int) -> ThreadPoolExecutor:
+        """Instance ``index``'s worker thread (a next pool of this version that keeps the instance runs it there)."""
+        return self._executors[index]
+
+    def hand_over(self, index: int) -> None:
+        """Instance ``index`` and its worker thread belong to the next pool of this version now: ``close`` keeps them."""
+        self._handed_over.add(index)
 
     def runs_inline(self, index: int) -> bool:
         """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
@@ -279,8 +319,10 @@ class InstancePool:
             stats.record_successes(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def close(self) -> None:
-        """Finalize every instance and stop the worker threads (after the scheduler drained)."""
-        for executor, instance in zip(self._executors, self.instances):
+        """Finalize every instance and stop the worker threads (after the scheduler drained), but those handed over."""
+        for index, (executor, instance) in enumerate(zip(self._executors, self.instances)):
+            if index in self._handed_over:
+                continue
             try:
                 executor.submit(instance.close).result()
             except Exception:  # a failing finalize must not stop the others

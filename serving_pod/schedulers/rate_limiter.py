@@ -145,7 +145,7 @@ class RateLimitedPool:
         self.priority = min((d.priority for d in demands), default=1)
         self.exec_count = 0
         self._registered = True
-        self._idle: deque[int] = deque(range(len(inner)))
+        self._idle: deque[int] = deque(index for index in range(len(inner)) if index not in inner.held)
         self._waiters: deque[asyncio.Future] = deque()
         self._listeners: list[Callable[[], None]] = []
         # what schedulers use besides acquisition goes straight to the real pool
@@ -196,6 +196,12 @@ class RateLimitedPool:
     def release(self, index: int) -> None:
         self._idle.append(index)
         self.limiter.give(self.demands[index])  # serves this pool too when it waits
+
+    def admit(self, index: int) -> None:
+        """A held instance of the inner pool is idle from now on (``InstancePool.admit``)."""
+        self.inner.admit(index)
+        self._idle.append(index)
+        self.serve()
 
     def notify_when_available(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once an instance of this pool can be acquired."""

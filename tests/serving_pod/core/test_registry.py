@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import serving_pod.core.registry as registry_module
+import serving_pod.core.builder as builder_module
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.core.types import InferRequest, Tensor
 from serving_pod.schedulers.rate_limiter import limiter_for
@@ -97,7 +97,7 @@ async def test_later_version_failing_unregisters_the_versions_before_it(
     handle = await start(tmp_path, server_factory)
     limiter = limiter_for(handle.engine)
     limited_model(tmp_path, "multi", 4, versions=(1, 2, 3))
-    real = registry_module.create_scheduler
+    real = builder_module.create_scheduler
     calls: list[str] = []
 
     def third_refused(model, pool, *, engine):
@@ -107,13 +107,13 @@ async def test_later_version_failing_unregisters_the_versions_before_it(
             raise ModelLoadError(f"version {model.version_str} refused")
         return real(model, pool, engine=engine)
 
-    monkeypatch.setattr(registry_module, "create_scheduler", third_refused)
+    monkeypatch.setattr(builder_module, "create_scheduler", third_refused)
     with pytest.raises(ModelLoadError, match="refused"):
         await handle.engine.load_model("multi")
     assert len(calls) == 3
     assert limiter.registrations() == STEADY and limiter.capacity(R) == 1
     assert not handle.engine.model_ready("multi")
-    monkeypatch.setattr(registry_module, "create_scheduler", real)
+    monkeypatch.setattr(builder_module, "create_scheduler", real)
     await handle.engine.load_model("multi")
     assert limiter.registrations() == {R: (1, 1, 4, 4, 4, 4, 4, 4)}
     assert await infer(handle, "multi", 3.0) == 3.0
