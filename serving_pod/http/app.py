@@ -8,11 +8,13 @@ ordinary FastAPI; the generate extension's two routes map their JSON in ``http.g
 
 Answers carry tritonserver 2.51's content types (``http.responses``): ``text/plain`` on the health and model
 readiness routes, for unknown routes and for inference errors found before the body is parsed, else
-``application/json``.
+``application/json``. As tritonserver looks the model up before it reads an inference body, a body refused for a
+model that is unknown, not ready or decoupled gets the model's error (``_model_first``).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
@@ -109,18 +111,10 @@ Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
     """(status, body, extra headers, content type) for one inference request; errors become their answer."""
     try:
-        if head.encoding:
-            body = decode_body(body, head.encoding, limit)
-        if head.header_length is not None and not 0 <= head.header_length <= len(body):
-            raise before_parsing(InvalidArgumentError(  # Triton's words, quoting the header as sent
-                f"inference header size should be in range (0, {len(body)}), got: {head.header_text}"))
-        if (head.header_length if head.header_length is not None else len(body)) == 0:
-            # tritonserver's raw binary request (``http.raw``): an empty JSON header, or an empty body
-            request = await decode_raw_request(engine, body, model, version, DECOUPLED)
-        else:
-            request = decode_infer_request(body, head.header_length, model, version)
-        if head.forwarded:
-            forward_headers(request.parameters, head.forwarded)  # already matched by infer_head
+        request = await _decode(engine, head, body, model, version, limit)
+    except ServerError as error:
+        return error_answer(_http_worded(await _model_first(engine, model, version, error)))
+    try:
         response = await engine.infer(request)
         payload, json_length = encode_infer_response(response, request)
     except ServerError as error:
@@ -136,6 +130,39 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
         payload = encode_body(payload, chosen)
         headers.append((b"content-encoding", chosen.encode()))
     return 200, payload, headers, content_type
+
+
+async def _decode(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> InferRequest:
+    """The request the body makes: decompressed, its header length checked, then parsed (JSON or raw binary)."""
+    if head.encoding:
+        body = decode_body(body, head.encoding, limit)
+    if head.header_length is not None and not 0 <= head.header_length <= len(body):
+        raise before_parsing(InvalidArgumentError(  # Triton's words, quoting the header as sent
+            f"inference header size should be in range (0, {len(body)}), got: {head.header_text}"))
+    if (head.header_length if head.header_length is not None else len(body)) == 0:
+        # tritonserver's raw binary request (``http.raw``): an empty JSON header, or an empty body
+        request = await decode_raw_request(engine, body, model, version, DECOUPLED)
+    else:
+        request = decode_infer_request(body, head.header_length, model, version)
+    if head.forwarded:
+        forward_headers(request.parameters, head.forwarded)  # already matched by infer_head
+    return request
+
+
+async def _model_first(engine: Infers, model: str, version: str, error: ServerError) -> ServerError:
+    """What tritonserver answers a request whose body (or its encoding or header length) is refused with ``error``:
+    it looks the model up before it reads the body (``CheckTransactionPolicy``), so an unknown model or version, a
+    model that is not ready, or a decoupled model, is reported instead. Only refused requests pay for the look-up
+    (a protocol worker asks the server for it)."""
+    try:
+        config = engine.model_config_dict(model, version)
+        if inspect.isawaitable(config):
+            config = await config
+    except ServerError as lookup:
+        return lookup
+    if config.get("model_transaction_policy", {}).get("decoupled"):
+        return before_parsing(UnsupportedError(DECOUPLED))
+    return error
 
 
 def error_answer(error: ServerError) -> Answer:

@@ -191,6 +191,18 @@ CASES: dict[str, tuple[Case, Answer]] = {
                             _text(404, "Request for unknown model: 'nope' is not found")),
     "infer unknown version": (Case("POST", "/v2/models/add_sub/versions/2/infer", _inputs()),
                               _text(404, "Request for unknown model: 'add_sub' version 2 is not found")),
+    # the model is looked up before the body is read: its errors come first (Ferry parsed the body first)
+    "infer unknown model, body not JSON": (Case("POST", "/v2/models/nope/infer", b"{not json"),
+                                           _text(404, "Request for unknown model: 'nope' is not found")),
+    "infer unknown version, no inputs": (Case("POST", "/v2/models/add_sub/versions/2/infer", _json({"id": "x"})),
+                                         _text(404, "Request for unknown model: 'add_sub' version 2 is not found")),
+    "infer unknown model, header length past the body": (Case("POST", "/v2/models/nope/infer", _binary()[0], {
+        "Inference-Header-Content-Length": "300"}), _text(404, "Request for unknown model: 'nope' is not found")),
+    "infer unknown model, unsupported content encoding": (
+        Case("POST", "/v2/models/nope/infer", _inputs(), {"Content-Encoding": "br"}),
+        _text(404, "Request for unknown model: 'nope' is not found")),
+    "decoupled model infer, body not JSON": (Case("POST", "/v2/models/counter/infer", b"[1, 2"),
+        _text(501, "HTTP end point doesn't support models with decoupled transaction policy")),
     "infer header length past the body": (Case("POST", "/v2/models/add_sub/infer", _binary()[0], {
         "Inference-Header-Content-Length": "300"}),
         _text(400, "inference header size should be in range (0, 240), got: 300")),
