@@ -5,18 +5,32 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
 ``response_cache { enable: true }`` in a ``CachingScheduler`` when the engine has a cache
 (``cache_for``); the engine and the protocol adapters are unaware of it.
 
-- ``ResponseCache``: one per engine, shared by all models; LRU bounded by the bytes of the cached
-  output tensors plus their keys; an entry larger than the whole cache is not stored.
+- ``ResponseCache``: one per engine, shared by all models; LRU bounded by bytes counted as Triton's
+  local cache counts them (``entry_bytes``, ``allocation_bytes``): a response is stored serialized in
+  one block of a fixed segment whose own header is in use from the start, so ``nv_cache_util`` and
+  the evictions come out as Triton's. The smallest cache Triton can create is ``MIN_CACHE_BYTES``.
 - Key: a BLAKE2b digest of model name, version, every input (name, datatype, shape, bytes) and the
-  requested outputs with their parameters.
+  names of the requested outputs (none listed = all the config's outputs listed). Output parameters
+  are not in it: the engine classifies and writes shared memory after the cache (``core.outputs``),
+  and ``binary_data`` only changes the encoding, so HTTP and gRPC clients share entries.
 - Only successful responses are stored. Decoupled and sequence-batching models cannot enable it
   (load error, Triton's message).
+- Kept apart from Triton on purpose (tests/serving_pod/test_cache_triton.py says how Triton behaves):
+  Triton's key has neither shapes nor requested outputs, so it answers a [2, 2] request with the
+  [1, 4] answer of the same bytes and returns outputs the client did not ask for; it stores a failed
+  response and answers the next identical request with an empty success; an entry that fits the
+  cache's size but not its free segment makes it evict every entry and then store nothing. Ferry
+  keys on shapes and outputs, stores successes only, and refuses such an entry without evicting.
 - Ensembles (Triton's top-level ensemble caching): the ensemble's final response is cached under
   the ensemble's name and version; a hit runs no composing model. An ensemble with a sequence
   composing model (at any depth) inherits that model's limitation, as Triton's docs say: it loads,
   with a warning, and is not cached. (A decoupled composing model is refused by the ensemble loader.)
+  Triton 2.51 caches such an ensemble anyway, so a sequence's later requests are answered from the
+  cache and never reach the stateful model: kept apart on purpose.
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no
-  queue or compute time; every miss adds lookup plus insert time to ``cache_miss``.
+  queue or compute time; every miss the model answered, with outputs or with an error, adds lookup
+  plus insert time to ``cache_miss``; a request refused before execution (queue timeout, queue full,
+  cancelled) adds nothing there.
 - Server-wide totals as Triton's local cache keeps them (``hits``, ``misses``, ``lookups``,
   ``evictions``, ``lookup_ns``, ``insert_ns``, ``utilization()``): plain attributes bumped inside
   ``lookup`` and ``insert``, read by ``metrics`` at scrape time as the ``nv_cache_*`` gauges.
@@ -35,13 +49,22 @@ from typing import Any
 
 import numpy as np
 
-from serving_pod.core.errors import ModelLoadError, ServerError
+from serving_pod.core.errors import (
+    CancelledError,
+    ModelLoadError,
+    ServerError,
+    UnavailableError,
+)
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger("ferry.cache")
 
-#: bytes charged per entry on top of its tensors (key, bookkeeping), so tiny entries still count.
-ENTRY_OVERHEAD = 128
+#: Triton's local cache is one boost ``managed_external_buffer`` of the configured size: its own header is in
+#: use from the start (``nv_cache_util`` is never 0), and the last bytes of the segment hold no entry.
+SEGMENT_HEADER_BYTES = 128
+SEGMENT_TAIL_BYTES = 16
+#: the smallest size Triton's local cache can be created with (smaller: the server does not start)
+MIN_CACHE_BYTES = 192
 
 
 def cache_capacity(cache_config: dict[str, dict[str, str]]) -> int | None:
@@ -60,6 +83,8 @@ def cache_capacity(cache_config: dict[str, dict[str, str]]) -> int | None:
     size = settings.get("size", "")
     if not size.isdigit():
         raise ValueError(f"invalid local cache size '{size}': expected a number of bytes")
+    if int(size) < MIN_CACHE_BYTES:
+        raise ValueError(f"invalid local cache size '{size}': the local cache needs at least {MIN_CACHE_BYTES} bytes")
     return int(size)
 
 
@@ -75,9 +100,25 @@ def _array_bytes(array: np.ndarray) -> bytes:
 
 
 def _array_size(array: np.ndarray) -> int:
+    """Bytes of the tensor's buffer as Triton holds it (BYTES: each element's 4-byte length, then its bytes)."""
     if array.dtype == np.object_:
-        return sum(len(item) if isinstance(item, (bytes, str)) else 8 for item in array.reshape(-1)) + 4 * array.size
+        return sum(len(item if isinstance(item, bytes) else str(item).encode()) for item in array.reshape(-1)) \
+            + 4 * array.size
     return array.nbytes
+
+
+def entry_bytes(outputs: list[Tensor]) -> int:
+    """Bytes of a response serialized as Triton's cache stores it: the output count, then per output its packed
+    size, name, datatype and shape (each with its length) and its buffer (with its size)."""
+    return 4 + sum(
+        8 + 4 + len(t.name.encode()) + 4 + len(t.datatype) + 4 + 8 * t.data.ndim + 8 + _array_size(t.data)
+        for t in outputs
+    )
+
+
+def allocation_bytes(serialized: int) -> int:
+    """The block the segment hands out for ``serialized`` bytes: its 8-byte header, rounded up to 16."""
+    return (serialized + 8 + 15) // 16 * 16
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
@@ -86,16 +127,19 @@ def _frozen_copy(array: np.ndarray) -> np.ndarray:
     return copy
 
 
-def request_key(request: InferRequest) -> bytes:
-    """Digest identifying ``request``'s answer: model, version, inputs and requested outputs."""
+def request_key(request: InferRequest, all_outputs: frozenset[str] = frozenset()) -> bytes:
+    """Digest identifying ``request``'s answer: model, version, inputs and the names of the requested outputs
+    (``all_outputs``, the config's, listed = none listed); output parameters are not part of it (module docstring)."""
     digest = hashlib.blake2b(digest_size=20)
     digest.update(f"{request.model_name}\0{request.model_version}\0".encode())
     for tensor in sorted(request.inputs, key=lambda t: t.name):
         digest.update(f"{tensor.name}\0{tensor.datatype}\0{tensor.data.shape}\0".encode())
         digest.update(_array_bytes(tensor.data))
     if request.outputs is not None:
-        for output in sorted(request.outputs, key=lambda o: o.name):
-            digest.update(f"out\0{output.name}\0{sorted(output.parameters.items())}\0".encode())
+        names = frozenset(output.name for output in request.outputs)
+        if names != all_outputs:
+            for name in sorted(names):
+                digest.update(f"out\0{name}\0".encode())
     return digest.digest()
 
 
@@ -104,12 +148,13 @@ class ResponseCache:
 
     As in Triton's local cache, every lookup is a hit or a miss and is timed (``lookup_ns``); every
     insert is timed (``insert_ns``), those that store nothing (an entry larger than the cache, a key
-    already stored) included; ``evictions`` counts the entries pushed out to make room.
+    already stored) included; ``evictions`` counts the entries pushed out to make room. ``used`` counts
+    the segment's header and each entry's block (``allocation_bytes``), as Triton's utilization does.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity = capacity_bytes
-        self.used = 0
+        self.used = SEGMENT_HEADER_BYTES
         self._entries: OrderedDict[bytes, tuple[tuple[Tensor, ...], int]] = OrderedDict()
         self.hits = 0
         self.misses = 0
@@ -152,12 +197,16 @@ class ResponseCache:
         if key in self._entries:
             self._entries.move_to_end(key)
             return True
-        size = ENTRY_OVERHEAD + len(key) + sum(_array_size(t.data) for t in outputs)
-        if size > self.capacity:
+        serialized = entry_bytes(outputs)
+        size = allocation_bytes(serialized)
+        room = self.capacity - SEGMENT_TAIL_BYTES
+        # larger than the cache (Triton refuses it too), or than its segment could ever hold (Triton evicts
+        # every entry first, then fails: module docstring)
+        if serialized > self.capacity or SEGMENT_HEADER_BYTES + size > room:
             return False
         # own copies: outputs are often views into a whole batch, which must not stay alive here
         outputs = [Tensor(t.name, t.datatype, _frozen_copy(t.data), dict(t.parameters)) for t in outputs]
-        while self.used + size > self.capacity:
+        while self.used + size > room:
             _, (_, evicted) = self._entries.popitem(last=False)
             self.used -= evicted
             self.evictions += 1
@@ -169,10 +218,12 @@ class ResponseCache:
 class CachingScheduler:
     """Answers from the cache when it can; otherwise runs the inner scheduler and stores the answer."""
 
-    def __init__(self, inner: Any, cache: ResponseCache, stats: Any) -> None:
+    def __init__(self, inner: Any, cache: ResponseCache, stats: Any, all_outputs: frozenset[str] = frozenset()) -> None:
         self.inner = inner
         self.cache = cache
         self.stats = stats
+        #: the config's output names: listing them all asks for what listing none does (``request_key``)
+        self.all_outputs = all_outputs
 
     def pending(self) -> int:
         return self.inner.pending()
@@ -182,14 +233,20 @@ class CachingScheduler:
 
     async def submit(self, request: InferRequest) -> InferResponse:
         start = time.monotonic_ns()
-        key = request_key(request)
+        key = request_key(request, self.all_outputs)
         outputs = self.cache.lookup(key)
         lookup_end = time.monotonic_ns()
         if outputs is not None:
             self.stats.record_cache_hit(lookup_end - request.arrival_ns, lookup_end - start)
             tensors = [Tensor(t.name, t.datatype, t.data, dict(t.parameters)) for t in outputs]
             return InferResponse(request.model_name, request.model_version, tensors, request.id)
-        response = await self.inner.submit(request)
+        try:
+            response = await self.inner.submit(request)
+        except (UnavailableError, CancelledError):
+            raise  # refused before execution: Triton records no cache miss for it
+        except ServerError:
+            self.stats.record_cache_miss(lookup_end - start)  # the model answered with an error: a miss, not stored
+            raise
         insert_start = time.monotonic_ns()
         if response is not None and response.final:
             self.cache.insert(key, list(response.outputs))
@@ -206,7 +263,11 @@ def cache_for(engine: Any) -> ResponseCache | None:
     if options is None:
         return None
     if engine not in _caches:
-        capacity = cache_capacity(getattr(options, "cache_config", None) or {})
+        try:
+            capacity = cache_capacity(getattr(options, "cache_config", None) or {})
+        except ValueError as exc:  # the command line refuses these; options built otherwise: no cache, said once
+            log.error("response cache disabled: %s", exc)
+            capacity = None
         _caches[engine] = ResponseCache(capacity) if capacity is not None else None
     return _caches[engine]
 
@@ -261,4 +322,4 @@ def with_response_cache(model: Any, scheduler: Any, engine: Any) -> Any:
                 "batching scheduler, which the response cache does not support", config.name, stateful,
             )
             return scheduler
-    return CachingScheduler(scheduler, cache, model.stats)
+    return CachingScheduler(scheduler, cache, model.stats, frozenset(output.name for output in config.output))

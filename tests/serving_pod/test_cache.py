@@ -7,21 +7,35 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.server import (
+    ServerHandle,
+    ensemble_config,
+    in_thread,
+    test_model_config,
+    write_model,
+)
 
-from serving_pod.cache import ENTRY_OVERHEAD, ResponseCache, cache_capacity, request_key
+from serving_pod.cache import (
+    SEGMENT_HEADER_BYTES,
+    SEGMENT_TAIL_BYTES,
+    ResponseCache,
+    allocation_bytes,
+    cache_capacity,
+    entry_bytes,
+    request_key,
+)
 from serving_pod.core.errors import ModelLoadError
 from serving_pod.core.types import InferRequest, RequestedOutput, Tensor
-from support.server import ServerHandle, ensemble_config, in_thread, test_model_config, write_model
 
 CACHE = {"local": {"size": str(1 << 20)}}
 
 
 def make_request(value: float = 1.0, *, model: str = "m", version: str = "1", shape=(1, 4), dtype=np.float32,
-                 outputs: list[str] | None = None) -> InferRequest:
+                 outputs: list[str] | None = None, parameters: dict | None = None) -> InferRequest:
     datatype = {np.float32: "FP32", np.int32: "INT32"}[dtype]
     return InferRequest(
         model, version, [Tensor("INPUT0", datatype, np.full(shape, value, dtype))],
-        outputs=[RequestedOutput(name) for name in outputs] if outputs is not None else None,
+        outputs=[RequestedOutput(name, dict(parameters or {})) for name in outputs] if outputs is not None else None,
     )
 
 
@@ -33,6 +47,18 @@ def test_key_covers_model_version_inputs_and_outputs() -> None:
         make_request(dtype=np.int32), make_request(outputs=["OUTPUT0"]),
     ):
         assert request_key(other) != base
+
+
+def test_key_has_output_names_not_their_parameters() -> None:
+    """binary_data, classification and shared-memory placements are applied after the cache (``core.outputs``);
+    listing every output of the config asks for what listing none does."""
+    only = request_key(make_request(outputs=["OUTPUT0"]))
+    for parameters in ({"binary_data": True}, {"binary_data": False}, {"classification": 2},
+                       {"shared_memory_region": "r", "shared_memory_byte_size": 16}):
+        assert request_key(make_request(outputs=["OUTPUT0"], parameters=parameters)) == only
+    every = frozenset({"OUTPUT0", "OUTPUT1"})
+    assert request_key(make_request(outputs=["OUTPUT1", "OUTPUT0"]), every) == request_key(make_request(), every)
+    assert request_key(make_request(outputs=["OUTPUT0"]), every) != request_key(make_request(), every)
 
 
 def test_key_ignores_input_order_and_handles_bytes() -> None:
@@ -47,16 +73,43 @@ def entry(value: int, nbytes: int = 400) -> list[Tensor]:
     return [Tensor("OUTPUT0", "UINT8", np.full(nbytes, value, np.uint8))]
 
 
+def room_for(entries: int, size: int) -> int:
+    """A cache size whose segment holds exactly ``entries`` blocks of ``size`` bytes."""
+    return SEGMENT_HEADER_BYTES + entries * size + SEGMENT_TAIL_BYTES
+
+
+def test_entries_are_counted_as_tritons_local_cache_counts_them() -> None:
+    """The serialized response (count, then per output packed size, name, datatype, shape, buffer) in a block
+    of its size plus 8, rounded up to 16 (measured on Triton 2.51: tests/serving_pod/test_cache_triton.py)."""
+    assert entry_bytes(entry(1)) == 4 + 8 + 4 + 7 + 4 + 5 + 4 + 8 + 8 + 400
+    assert [allocation_bytes(n) for n in (104, 105, 120, 121, 871, 872)] == [112, 128, 128, 144, 880, 880]
+    text = Tensor("T", "BYTES", np.array(["ab", b"c"], dtype=object))
+    assert entry_bytes([text]) == 4 + 8 + 4 + 1 + 4 + 5 + 4 + 8 + 8 + (4 + 2) + (4 + 1)
+    cache = ResponseCache(1024)
+    assert cache.utilization() == 128 / 1024  # the segment's header is in use from the start
+
+
 def test_lru_by_bytes() -> None:
-    size = ENTRY_OVERHEAD + 3 + 400
-    cache = ResponseCache(2 * size)
+    size = allocation_bytes(entry_bytes(entry(1)))
+    cache = ResponseCache(room_for(2, size))
     assert cache.insert(b"k_1", entry(1)) and cache.insert(b"k_2", entry(2))
     assert cache.lookup(b"k_1") is not None  # k_1 is now the most recently used
     assert cache.insert(b"k_3", entry(3))
     assert cache.lookup(b"k_2") is None and cache.lookup(b"k_1") is not None
-    assert len(cache) == 2 and cache.used == 2 * size
+    assert len(cache) == 2 and cache.used == SEGMENT_HEADER_BYTES + 2 * size
     assert not cache.insert(b"big", entry(4, nbytes=4 * size))  # larger than the whole cache
-    assert len(cache) == 2
+    assert len(cache) == 2 and cache.evictions == 1
+
+
+def test_an_entry_the_segment_can_never_hold_evicts_nothing() -> None:
+    """Triton evicts every entry before it finds out such an entry cannot fit; Ferry refuses it at once."""
+    size = allocation_bytes(entry_bytes(entry(1)))
+    cache = ResponseCache(room_for(2, size))
+    assert cache.insert(b"k_1", entry(1)) and cache.insert(b"k_2", entry(2))
+    too_big = entry(3, nbytes=cache.capacity - 100)
+    assert entry_bytes(too_big) <= cache.capacity  # not larger than the cache's size...
+    assert not cache.insert(b"k_3", too_big)  # ...but larger than its segment's room
+    assert (len(cache), cache.evictions) == (2, 0)
 
 
 def test_totals_as_tritons_local_cache_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,12 +117,12 @@ def test_totals_as_tritons_local_cache_keeps_them(monkeypatch: pytest.MonkeyPatc
     stores nothing; evictions count entries pushed out; utilization is the fraction of bytes in use."""
     clock = iter(range(0, 10**9, 1500))  # each reading of the clock is 1.5 us after the previous one
     monkeypatch.setattr("serving_pod.cache.time.monotonic_ns", lambda: next(clock))
-    size = ENTRY_OVERHEAD + 3 + 400
-    cache = ResponseCache(2 * size)
-    assert (cache.hits, cache.misses, cache.lookups, cache.evictions, cache.utilization()) == (0, 0, 0, 0, 0.0)
+    size = allocation_bytes(entry_bytes(entry(1)))
+    cache = ResponseCache(room_for(2, size))
+    assert (cache.hits, cache.misses, cache.lookups, cache.evictions) == (0, 0, 0, 0)
     assert cache.lookup(b"k_1") is None
     assert cache.insert(b"k_1", entry(1)) and cache.insert(b"k_2", entry(2))
-    assert cache.utilization() == 1.0
+    assert cache.utilization() == (cache.capacity - SEGMENT_TAIL_BYTES) / cache.capacity
     assert cache.lookup(b"k_1") is not None
     assert cache.insert(b"k_3", entry(3))  # pushes k_2 out
     assert cache.insert(b"k_3", entry(3))  # already there: timed, nothing evicted
@@ -79,7 +132,7 @@ def test_totals_as_tritons_local_cache_keeps_them(monkeypatch: pytest.MonkeyPatc
     assert (cache.lookup_ns, cache.insert_ns) == (3 * 1500, 5 * 1500)
     cache = ResponseCache(4 * size)
     cache.insert(b"k_1", entry(1))
-    assert cache.utilization() == 0.25
+    assert cache.utilization() == (SEGMENT_HEADER_BYTES + size) / (4 * size)
 
 
 def test_cached_tensors_are_private_read_only_copies() -> None:
@@ -98,12 +151,13 @@ def test_cached_tensors_are_private_read_only_copies() -> None:
         ({"redis": {"host": "x"}}, "unsupported cache 'redis'"),
         ({"local": {"size": "lots"}}, "invalid local cache size"),
         ({"local": {"size": "1", "ttl": "3"}}, "unknown setting 'ttl'"),
+        ({"local": {"size": "191"}}, "invalid local cache size '191': the local cache needs at least 192 bytes"),
     ],
 )
 def test_bad_cache_config(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         cache_capacity(config)
-    assert cache_capacity({}) is None and cache_capacity({"local": {"size": "10"}}) == 10
+    assert cache_capacity({}) is None and cache_capacity({"local": {"size": "192"}}) == 192
 
 
 # --- through a server ------------------------------------------------------------------------

@@ -344,19 +344,22 @@ def _cache_values(text: str) -> dict[str, float]:
 
 
 def test_response_cache_families_are_tritons_and_move_as_its_do(threaded_server, tmp_path):
-    """``--cache-config``: the server-wide ``nv_cache_*`` gauges, after the CPU ones, zero before any request,
-    counting over all models; lookups = hits + misses, evictions as the LRU fills, util = bytes used / size."""
-    from serving_pod.cache import ENTRY_OVERHEAD
+    """``--cache-config``: the server-wide ``nv_cache_*`` gauges, after the CPU ones, zero before any request (util:
+    the segment header's share), counting over all models; lookups = hits + misses, evictions as the LRU fills,
+    util = bytes used / size."""
+    from serving_pod.cache import SEGMENT_HEADER_BYTES, allocation_bytes, entry_bytes
+    from serving_pod.core.types import Tensor
 
     cache = "response_cache { enable: true }"
     write_model(tmp_path, "small", test_model_config("small", extra=cache))
     write_model(tmp_path, "wide", test_model_config("wide", dims="[ 128 ]", extra=cache))
-    entry = ENTRY_OVERHEAD + 20 + 16  # key digest, one [1, 4] FP32 output
-    size = 3 * entry + 50  # three small answers fit, a wide one (512 bytes) never does
+    entry = allocation_bytes(entry_bytes([Tensor("OUTPUT0", "FP32", np.zeros((1, 4), np.float32))]))
+    size = SEGMENT_HEADER_BYTES + 3 * entry + 50  # three small answers fit, a wide one (512 bytes) never does
     server = threaded_server([tmp_path], cache_config={"local": {"size": str(size)}})
     raw = httpx.get(server.metrics_url, timeout=10).text
-    for name, help_text in _CACHE_FAMILIES.items():
-        assert f"# HELP {name} {help_text}\n# TYPE {name} gauge\n{name} 0\n" in raw
+    for name, help_text in _CACHE_FAMILIES.items():  # util: the segment's header is in use from the start
+        value = repr(SEGMENT_HEADER_BYTES / size) if name == "nv_cache_util" else "0"
+        assert f"# HELP {name} {help_text}\n# TYPE {name} gauge\n{name} {value}\n" in raw
     types = [line.split()[2] for line in raw.splitlines() if line.startswith("# TYPE")]
     start = types.index("nv_cache_util")
     assert types[start:start + len(_CACHE_FAMILIES)] == list(_CACHE_FAMILIES)
@@ -365,7 +368,7 @@ def test_response_cache_families_are_tritons_and_move_as_its_do(threaded_server,
     for value in (1.0, 1.0, 2.0, 3.0):  # miss, hit, miss, miss: full
         _infer(server, "http", "small", value)
     values = _cache_values(httpx.get(server.metrics_url, timeout=10).text)
-    assert values["nv_cache_util"] == pytest.approx(3 * entry / size)
+    assert values["nv_cache_util"] == pytest.approx((SEGMENT_HEADER_BYTES + 3 * entry) / size)
     assert [values[f"nv_cache_num_{n}"] for n in ("entries", "hits", "misses", "lookups", "evictions")] == [3, 1, 3, 4, 0]
     assert values["nv_cache_insertion_duration"] >= 1  # three copies into the cache take microseconds
     lookup_us = values["nv_cache_lookup_duration"]
@@ -378,7 +381,7 @@ def test_response_cache_families_are_tritons_and_move_as_its_do(threaded_server,
     server.client("http").infer("wide", [wide])  # another model, same cache: a miss, too large to keep
     values = _cache_values(httpx.get(server.metrics_url, timeout=10).text)
     assert [values[f"nv_cache_num_{n}"] for n in ("entries", "hits", "misses", "lookups", "evictions")] == [3, 2, 6, 8, 2]
-    assert values["nv_cache_util"] == pytest.approx(3 * entry / size)
+    assert values["nv_cache_util"] == pytest.approx((SEGMENT_HEADER_BYTES + 3 * entry) / size)
     assert values["nv_cache_lookup_duration"] >= lookup_us
     per_model = _scrape(server)
     assert per_model[("nv_cache_num_misses_per_model", _model("wide"))] == 1

@@ -120,7 +120,8 @@ def triton_repositories(repositories: Sequence[Path | str], tools: Path | None =
 
 
 def ensure_triton(tools: Path | None = None) -> Located:
-    """Install (once) and verify Triton; ``command()`` already carries ``--backend-directory``."""
+    """Install (once) and verify Triton; ``command()`` already carries ``--backend-directory`` and
+    ``--cache-directory`` (so ``--cache-config local,size=<bytes>`` finds the wheel's local cache)."""
     tools = tools or tools_dir()
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return Located(None, f"Triton {TRITON_VERSION} from {PYTRITON_REQUIREMENT} needs Linux x86_64")
@@ -143,7 +144,9 @@ def ensure_triton(tools: Path | None = None) -> Located:
     if "Usage: tritonserver" not in proc.stdout + proc.stderr:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         return Located(None, f"tritonserver {TRITON_VERSION} does not run here (exit {proc.returncode}): {tail}")
-    return Located(server, "", env, ("--backend-directory", str(root / "backends")))
+    # --cache-directory: the wheel's caches/ (libtritoncache_local.so), else `--cache-config local,...` looks in /opt
+    return Located(server, "", env, ("--backend-directory", str(root / "backends"),
+                                     "--cache-directory", str(root / "caches")))
 
 
 @functools.cache
