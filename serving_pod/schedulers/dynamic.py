@@ -14,19 +14,27 @@ Rules (Triton's ``GetDynamicBatch``), evaluated whenever an instance is free and
   waited less than ``max_queue_delay_microseconds``, the largest preferred size reached is sent;
 - a batch that reached the largest preferred size, could not grow further, or whose oldest request
   waited the full delay is sent whole; with no delay configured, whatever is queued goes at once;
-- otherwise the batcher waits (a timer, no polling) for more requests or the delay to pass.
+- otherwise the batcher waits (a timer, no polling) for more requests or the delay to pass;
+- prefetching (Triton's ``support_prefetching``: no ``priority_levels``, and a default queue policy without
+  timeouts or ``max_queue_size``): Triton forms the next batch (a payload) ahead and goes on adding to it
+  while it waits for an instance, pass after pass of the rules above with the payload's rows counted in,
+  until a pass closes it (a preferred size reached with no delay configured, the largest preferred size
+  passed, a request that does not fit or match) or adds nothing. So a batch can pass a preferred size:
+  preferred [4], 8 queued -> 5, then 3. Without prefetching, one pass decides.
 
 While every instance is busy, requests keep queueing, so the next free instance takes the largest
-batch available. One batch runs per free instance. ``preserve_ordering`` hands responses back in
-the order requests entered batches. Scheduling is event driven: an arrival (coalesced per loop
-iteration), a finished execution, a timer, or (rate limiter) freed resources trigger one pass.
+batch available (as Triton's payload would have grown meanwhile). One batch runs per free instance.
+``preserve_ordering`` hands responses back in the order requests entered batches. Scheduling is event
+driven: an arrival (coalesced per loop iteration), a finished execution, a timer, or (rate limiter)
+freed resources trigger one pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
@@ -52,6 +60,13 @@ class DynamicScheduler:
         self.delay_ns = batching.max_queue_delay_microseconds * 1000
         self.preserve_ordering = batching.preserve_ordering
         self.queue = PriorityQueue(batching)
+        #: Triton's ``support_prefetching``: without priority levels, timeouts or a queue limit, the next batch
+        #: (its payload) is formed ahead and keeps growing while it waits for an instance
+        policy = batching.default_queue_policy
+        self.prefetch = not (
+            batching.priority_levels or policy.default_timeout_microseconds or policy.allow_timeout_override
+            or policy.max_queue_size
+        )
         batched = config.max_batch_size > 0
         self._equal_shape = frozenset(
             tensor.name
@@ -86,12 +101,10 @@ class DynamicScheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         entry = Entry(request, loop.create_future(), self.rows_of(request), self.clock.now_ns())
-        try:
-            level = self.queue.level_of(request.parameters)
-            self.queue.enqueue(entry, level, request.parameters)
-        except ServerError:
-            self.stats.record_failure(self.clock.now_ns() - request.arrival_ns, "REJECTED")
-            raise
+        # a refusal here (queue full) is not charged: Triton's statistics and nv_inference_request_failure
+        # never see a request its scheduler would not enqueue
+        level = self.queue.level_of(request.parameters)
+        self.queue.enqueue(entry, level, request.parameters)
         self._outstanding += 1
         self._idle.clear()
         if not self._scheduled:  # one pass for every arrival of this loop iteration
@@ -130,43 +143,73 @@ class DynamicScheduler:
                 break
 
     def _next_batch(self, now: int) -> tuple[int, int]:
-        """(requests to send now, 0) or (0, nanoseconds to wait); Triton's batch rules."""
+        """(requests to send now, 0) or (0, nanoseconds to wait); Triton's batch rules.
+
+        With prefetching (module docstring) the batch grows pass after pass, as Triton's payload does while it
+        waits for an instance, until a pass closes it or adds nothing; else one pass decides.
+        """
+        source: Iterator[Entry] = iter(self.queue.walk(now))
+        taken = payload = 0
+        signature: Any = None
+        while True:
+            scanned, count, rows, closed, wait_ns, signature = self._pass(source, payload, signature, now)
+            if not count:
+                break
+            taken += count
+            payload += rows
+            if closed or not self.prefetch:
+                break
+            source = itertools.chain(scanned[count:], source)  # requests looked at but left: looked at again
+        return (taken, 0) if taken else (0, wait_ns)
+
+    def _pass(
+        self, source: Iterator[Entry], payload: int, signature: Any, now: int
+    ) -> tuple[list[Entry], int, int, bool, int, Any]:
+        """One run of Triton's ``GetDynamicBatch`` over ``source`` beside a batch of ``payload`` rows.
+
+        Returns the entries looked at, how many of them (and rows) join the batch, whether the batch is closed
+        (Triton's ``payload_saturated_``), the wait when none join, and the batch's input signature.
+        """
         max_batch, max_preferred, preferred = self.max_batch, self.max_preferred, self.preferred
         check = self._check_inputs
-        rows = count = best_count = 0
+        scanned: list[Entry] = []
+        rows = count = best_rows = best_count = 0
         oldest = now
-        send_now = False
-        signature: Any = None
-        for entry in self.queue.walk(now):
+        send_now = closed = False
+        for entry in source:
+            scanned.append(entry)
             size = entry.rows
-            if count == 0:
+            if payload + count == 0:
                 if check:
                     signature = self._signature(entry.request)
             else:
-                if rows + size > max_preferred and not best_count:
-                    best_count = count
-                if rows + size > max_batch:
+                total = payload + rows + size
+                if total > max_preferred and not best_count:
+                    best_rows, best_count = rows, count
+                    closed = True
+                if total > max_batch:
                     send_now = True
                     break
                 if check and self._signature(entry.request) != signature:
-                    send_now = True
+                    send_now = closed = True
                     break
             rows += size
             count += 1
-            if entry.enqueue_ns < oldest:
-                oldest = entry.enqueue_ns
-            if rows in preferred:
-                best_count = count
-        if not count:
-            return 0, 0
+            oldest = min(oldest, entry.enqueue_ns)
+            if payload + rows in preferred:
+                best_rows, best_count = rows, count
         delay_ns = self.delay_ns
         waited = now - oldest
         exceeded = delay_ns != 0 and waited >= delay_ns
         if best_count and not exceeded:
-            return best_count, 0
-        if send_now or rows >= max_preferred or exceeded or not delay_ns:
-            return count, 0
-        return 0, delay_ns - waited
+            return scanned, best_count, best_rows, closed or not delay_ns, 0, signature
+        if not count:
+            return scanned, 0, 0, closed, 0, signature
+        if send_now or payload + rows >= max_preferred:
+            return scanned, count, rows, True, 0, signature
+        if exceeded or not delay_ns or (payload and not closed and payload not in preferred):
+            return scanned, count, rows, closed, 0, signature
+        return scanned, 0, 0, closed, delay_ns - waited, signature
 
     def _signature(self, request: InferRequest) -> tuple:
         names = self._equal_shape

@@ -6,7 +6,8 @@ in service order (``walk``), then takes the batch off the front (``pop``). Seman
 - level 1 is served first; a request's ``priority`` parameter picks its level, 0 or a value above
   ``priority_levels`` means ``default_priority_level``; without ``priority_levels`` there is one level;
 - each level has its policy (``priority_queue_policy[level]`` or ``default_queue_policy``):
-  ``max_queue_size`` (0 = unlimited; full -> "Exceeds maximum queue size" at once),
+  ``max_queue_size`` (0 = unlimited; full -> "[request id: <id>] Exceeds maximum queue size" at once, not
+  charged to any statistic, as in Triton),
   ``default_timeout_microseconds`` counted from enqueue (0: none), ``allow_timeout_override`` (the
   request's ``timeout`` parameter, in microseconds, may only shorten a non-zero default), and ``timeout_action``: REJECT answers an expired
   request with "Request timeout expired"; DELAY moves it behind the level's unexpired requests;
@@ -24,6 +25,7 @@ from typing import Any, Iterator
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import InvalidArgumentError, UnavailableError
+from serving_pod.core.validation import prefix
 
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMEOUT_EXPIRED = "Request timeout expired"
@@ -134,7 +136,7 @@ class PriorityQueue:
         """Append ``entry`` to ``level``; UnavailableError when the level is full."""
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
-            raise UnavailableError(QUEUE_FULL)
+            raise UnavailableError(prefix(entry.request) + QUEUE_FULL)
         if policy.may_expire:
             timeout_us = _uint_parameter(parameters, "timeout") if "timeout" in parameters else 0
             entry.deadline_ns = policy.deadline(entry.enqueue_ns, timeout_us)
