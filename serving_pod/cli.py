@@ -1,7 +1,12 @@
 """``ferry-server``: tritonserver's command line, with the same flag names and defaults.
 
 ``ferry-server download <uri> <dest>`` is the storage initializer (used as the init container of
-serving pods). Unknown or malformed flags print a clear error and exit with code 2.
+serving pods). Unknown or malformed flags print a clear error and exit with code 2 (tritonserver: 1, after
+its whole usage text). Values are read as tritonserver reads them: booleans true/false, on/off, 1/0 in any
+case; ``--model-control-mode`` and ``--rate-limit`` in any case; a repository path given twice is one
+repository. Where tritonserver takes junk (``--http-port=8000x`` read as 8000, negative ports, sizes and
+timeouts), Ferry refuses it. Without ``--model-repository`` Ferry serves its embedded example repository
+(tritonserver refuses to start).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from serving_pod import cli_compat, cli_extensions
-from serving_pod.cli_extensions import number, parse_bool as _bool
+from serving_pod.cli_extensions import lowered, number, parse_bool as _bool
 from serving_pod.core.engine import EngineOptions
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
 
@@ -31,13 +36,17 @@ def _port(value: str) -> int:
 
 
 def _backend_config(value: str) -> tuple[str, str, str]:
-    """``<backend>,<key>=<value>`` or a global ``<key>=<value>`` (Triton's form)."""
+    """``<backend>,<setting>=<value>`` or a global ``<setting>=<value>``, refused in tritonserver's words when the
+    backend (before a comma), the setting or the value is empty."""
     backend, _, setting = value.partition(",") if "," in value else ("", "", value)
-    key, sep, val = setting.partition("=")
-    if not sep or not key:
+    if "," in value and not backend:
         raise argparse.ArgumentTypeError(
-            f"invalid --backend-config '{value}': expected <backend>,<setting>=<value>"
-        )
+            "No backend specified. --backend-config option format is <backend name>,<setting>=<value> or "
+            f"<setting>=<value>. Got {value}")
+    key, sep, val = setting.partition("=")
+    if not sep or not key or not val:
+        raise argparse.ArgumentTypeError(
+            f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {value}")
     return backend, key, val
 
 
@@ -77,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--model-repository", "--model-store", action="append", default=[], dest="model_repository",
         help="model repository path or URI (repeatable); default: the embedded example repository")
-    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    add("--model-control-mode", type=lowered, choices=["none", "poll", "explicit"], default="none")
     add("--load-model", action="append", default=[], help="model to load at start in explicit mode ('*' = all)")
     add("--repository-poll-secs", type=number(float), default=15.0)
     add("--strict-readiness", type=_bool, default=True)
@@ -113,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="response cache: local,size=<bytes> (models opt in with response_cache { enable: true })")
     add("--response-cache-byte-size", type=number(int), default=None,
         help="deprecated tritonserver flag: same as --cache-config local,size=<bytes>")
-    add("--rate-limit", choices=["off", "execution_count"], default="off")
+    add("--rate-limit", type=lowered, choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], type=_rate_limit_resource,
         help="<name>:<count>[:<device>] copies of a rate limiter resource (repeatable)")
     add("--log-verbose", type=number(int), default=0)
@@ -131,8 +140,24 @@ def default_repository() -> str:
     return str(Path(str(resources.files("serving_pod") / "default_models")))
 
 
+def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """tritonserver's checks across flags, in its words (exit 2): ``--load-model`` outside explicit mode, and two
+    enabled endpoints on one address and port (port 0, "any free port" in Ferry, never clashes)."""
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
+    endpoints = [("HTTP", args.allow_http, args.http_address, args.http_port),
+                 ("GRPC", args.allow_grpc, args.grpc_address, args.grpc_port),
+                 ("metrics", args.allow_metrics, args.metrics_address, args.metrics_port)]
+    for i, (first, on, address, port) in enumerate(endpoints):
+        for second, other_on, other_address, other_port in endpoints[i + 1:]:
+            if on and other_on and port and (address, port) == (other_address, other_port):
+                parser.error(f"The server cannot listen to {first} requests and {second} requests at the same "
+                             f"address and port {address}:{port}")
+
+
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ServerOptions:
     parser = parser or build_parser()
+    _check_combinations(parser, args)
     engine_extra, server_extra = cli_extensions.apply(parser, args)
     compat_engine, compat_server, ignored, warnings = cli_compat.apply(parser, args)
     backend_config: dict[str, dict[str, str]] = {}
@@ -145,7 +170,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
     for cache, key, value in args.cache_config:
         cache_config.setdefault(cache, {})[key] = value
     engine = EngineOptions(
-        model_repositories=tuple(args.model_repository or [default_repository()]),
+        # a path given twice is one repository (tritonserver keeps them in a set), not duplicate models
+        model_repositories=tuple(dict.fromkeys(args.model_repository)) or (default_repository(),),
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs,
@@ -217,23 +243,52 @@ def main(argv: list[str] | None = None) -> int:
     return run(options, exit_on_error=args.exit_on_error)
 
 
+def unusable_repositories(locations: tuple[str, ...]) -> dict[str, str]:
+    """Local ``--model-repository`` paths that are missing or not directories, each with tritonserver's error
+    (object-storage URIs are checked when listed)."""
+    errors: dict[str, str] = {}
+    for location in locations:
+        if "://" in location and not location.startswith("file://"):
+            continue
+        path = Path(location.removeprefix("file://")).expanduser()
+        if not path.exists():
+            errors[location] = f"failed to stat file {location}"
+        elif not path.is_dir():
+            errors[location] = "repository path is not a valid directory"
+    return errors
+
+
 def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
+    """Serve until a signal. Like tritonserver, exit 1 at start when a repository cannot be read or a model
+    (in every control mode) fails to load, unless ``exit_on_error`` is false: then serve what loaded, not ready
+    under strict readiness."""
     from serving_pod.server import FerryServer
+
+    log = logging.getLogger("ferry")
+    unusable = unusable_repositories(options.engine.model_repositories)
+    for location, error in unusable.items():
+        log.error("model repository %s: %s", location, error)
+    if unusable and exit_on_error:
+        log.error("exiting: the model repository cannot be read (use --exit-on-error=false to serve without it)")
+        return 1
+
     async def serve() -> int:
         server = FerryServer(options)
         server.install_signal_handlers()
         try:
             await server.start()
         except OSError as exc:
-            logging.getLogger("ferry").error("failed to start: %s", exc)
+            log.error("failed to start: %s", exc)
             return 1
-        if server.engine.startup_failures and exit_on_error and options.engine.model_control_mode != "explicit":
-            logging.getLogger("ferry").error(
+        if server.engine.startup_failures and exit_on_error:
+            log.error(
                 "exiting: %d model(s) failed to load (use --exit-on-error=false to keep serving the others)",
                 len(server.engine.startup_failures),
             )
             await server.stop()
             return 1
+        for location, error in unusable.items():  # a startup failure: strict readiness stays false
+            server.engine.startup_failures[f"model repository {location}"] = error
         await server.wait_for_signal()
         await server.stop()
         return 0

@@ -15,6 +15,8 @@ Three kinds, each flag in exactly one table:
   default of tritonserver); a value that turns it on exits with code 2 and says what is missing, rather
   than serving without it.
 
+Deprecated flags (``DEPRECATED``) still work, with tritonserver's warning at start.
+
 Neighbours: ``cli`` (the core flags) and ``cli_extensions`` (shared memory, tracing, TLS, limits).
 """
 
@@ -89,8 +91,8 @@ NO_EFFECT: dict[str, tuple[Callable[[str], Any], bool, str]] = {
     "--http-thread-count": (number(int, minimum=1), False,
                             "HTTP requests run on the event loop; --http-workers adds processes"),
     "--buffer-manager-thread-count": (number(int), False, "Ferry has no buffer manager threads"),
-    "--model-load-thread-count": (number(int, minimum=1), False, "each model loads on its own loader thread"),
-    "--metrics-interval-ms": (number(int), False, "GPU and CPU metrics are read at each scrape"),
+    "--model-load-thread-count": (number(int), False, "each model loads on its own loader thread"),
+    "--metrics-interval-ms": (number(float), False, "GPU and CPU metrics are read at each scrape"),
     "--pinned-memory-pool-byte-size": (number(int), False, "Ferry keeps no pinned host memory pool"),
     "--cuda-memory-pool-byte-size": (_device_value(int), True,
                                      "onnxruntime and TensorRT allocate GPU memory themselves"),
@@ -114,6 +116,26 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
                             "Ferry does not namespace models by repository: names must be unique"),
 }
 
+#: deprecated tritonserver flags (still applied) -> what tritonserver warns of when given
+DEPRECATED: dict[str, Callable[[Any], str]] = {
+    "--strict-model-config": lambda _: "'--strict-model-config' has been deprecated! Please use "
+                                       "'--disable-auto-complete-config' instead.",
+    "--response-cache-byte-size": lambda size: (
+        "'--response-cache-byte-size' has been deprecated! This will default to the 'local' cache implementation "
+        "with the provided byte size for its config. Please use '--cache-config' instead. The equivalent "
+        f"--cache-config CLI args would be: '--cache-config=local,size={size}'"),
+    "--trace-file": lambda _: "'--trace-file' has been deprecated and will be removed in future releases. "
+                              "Please use '--trace-config triton,file=<filepath> instead.",
+    "--trace-level": lambda _: "'--trace-level' has been deprecated and will be removed in future releases. "
+                               "Please use '--trace-config level=<OFF|TIMESTAMPS|TENSORS> instead.",
+    "--trace-rate": lambda _: "'--trace-rate' has been deprecated and will be removed in future releases. "
+                              "Please use '--trace-config rate=<rate value> instead.",
+    "--trace-count": lambda _: "'--trace-count' has been deprecated and will be removed in future releases. "
+                               "Please use '--trace-config count=<count value> instead.",
+    "--trace-log-frequency": lambda _: "'--trace-log-frequency' has been deprecated and will be removed in future "
+                                       "releases. Please use '--trace-config triton,log-frequency=<log frequency "
+                                       "value> instead.",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,8 +172,9 @@ def apply(
 ) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]]:
     """``(engine_fields, server_fields, notes, warnings)``; exits (code 2) on a value that needs a missing feature.
 
-    ``notes`` says, for each no-effect flag given, why it does nothing; ``warnings`` names the
-    ``--metrics-config`` settings ignored, as tritonserver logs them (both logged when the server starts).
+    ``notes`` says, for each no-effect flag given, why it does nothing; ``warnings`` names the deprecated flags
+    given and the ``--metrics-config`` settings ignored, as tritonserver logs them (both logged when the server
+    starts).
     """
     for flag, (_, off, lacks) in UNSUPPORTED.items():
         value = getattr(args, _dest(flag))
@@ -159,6 +182,8 @@ def apply(
             shown = str(value).lower() if isinstance(value, bool) else value
             parser.error(f"{flag}={shown}: not supported ({lacks})")
     latency_metrics, warnings = parse_metrics_config(args.metrics_config)
+    warnings = [warn(getattr(args, _dest(flag))) for flag, warn in DEPRECATED.items()
+                if getattr(args, _dest(flag)) not in (None, [])] + warnings
     notes = [f"{flag} (no effect: {why})" for flag, (_, _, why) in NO_EFFECT.items()
              if getattr(args, _dest(flag)) not in (None, [])]
     engine = {"model_config_name": args.model_config_name or "", "latency_metrics": latency_metrics,

@@ -21,13 +21,19 @@ from serving_pod.trace import parse_trace_config
 
 
 def parse_bool(value: str) -> bool:
-    """tritonserver's boolean flag values (true/false, 1/0, on/off, yes/no)."""
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "on", "yes"):
+    """tritonserver's boolean flag values: true/false, on/off or 1/0, in any case (it refuses yes/no too)."""
+    word = value.lower()
+    if word in ("true", "on", "1"):
         return True
-    if lowered in ("false", "0", "off", "no"):
+    if word in ("false", "off", "0"):
         return False
-    raise argparse.ArgumentTypeError(f"invalid boolean value '{value}' (use true or false)")
+    raise argparse.ArgumentTypeError(f"invalid value for bool option: {value} (use true/false, on/off or 1/0)")
+
+
+def lowered(value: str) -> str:
+    """The value in lower case: tritonserver lowercases the words of ``--model-control-mode``, ``--rate-limit``,
+    ``--grpc-infer-response-compression-level`` and ``--trace-config mode=`` before it checks them."""
+    return value.lower()
 
 
 def number(kind: type, *, minimum: float = 0, strict: bool = False):
@@ -61,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--trace-config", action="append", default=[],
         help="[<mode>,]<setting>=<value>: level, rate, count, log-frequency, file, mode")
     add("--trace-file", default=None)
-    add("--trace-level", action="append", default=[], choices=["OFF", "TIMESTAMPS", "TENSORS"])
+    add("--trace-level", action="append", default=[], type=str.upper, choices=["OFF", "TIMESTAMPS", "TENSORS"])
     add("--trace-rate", type=_positive(int), default=None)
     add("--trace-count", type=int, default=None)
     add("--trace-log-frequency", type=int, default=None)
@@ -101,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ms after that GOAWAY before the connection is closed with calls still open (0: waits for them)")
     add("--grpc-infer-allocation-pool-size", type=number(int), default=8,
         help="accepted for tritonserver compatibility (Ferry keeps no response-object pool)")
-    add("--grpc-infer-response-compression-level", choices=["none", "low", "med", "high"], default="none",
+    add("--grpc-infer-response-compression-level", type=lowered, choices=["none", "low", "med", "high"], default="none",
         help="compress gRPC responses (gzip or deflate, as the client accepts)")
 
 
@@ -141,6 +147,13 @@ def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Tls
     return http, grpc
 
 
+def _trace_mode_lowered(setting: str) -> str:
+    """``[<mode>,]mode=OPENTELEMETRY`` as tritonserver reads it: the trace mode in lower case."""
+    prefix, comma, rest = setting.partition(",") if "," in setting else ("", "", setting)
+    key, sep, value = rest.partition("=")
+    return f"{prefix}{comma}{key}{sep}{value.lower()}" if sep and key.strip() == "mode" else setting
+
+
 def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(engine_fields, server_fields)`` for EngineOptions / ServerOptions from the parsed flags."""
     legacy = [f"level={level}" for level in args.trace_level]
@@ -149,7 +162,7 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
         if value is not None:
             legacy.append(f"{key}={value}")
     try:
-        trace = parse_trace_config(legacy + list(args.trace_config))
+        trace = parse_trace_config(legacy + [_trace_mode_lowered(setting) for setting in args.trace_config])
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
     except ValueError as exc:

@@ -8,20 +8,35 @@ the logging API an arbitrary-file-write primitive.
 ``LogSettings.install`` (called by the CLI) puts one handler on the root logger, writing to
 stderr or the log file; its filter applies the per-level switches, so updates take effect at
 once without touching other handlers (in-process test servers only change the ``ferry`` level).
+A log file that cannot be opened does not stop the server: as tritonserver, it logs to stderr
+instead (and, unlike tritonserver, says so). Line heads follow tritonserver's formats, in UTC:
+``LMMDD hh:mm:ss.ssssss`` and ``YYYY-MM-DDThh:mm:ssZ L``; the logger's name stands where
+tritonserver puts its process id and source file.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from serving_pod.core.errors import InvalidArgumentError, UnavailableError, UnsupportedError
 
 FORMATS = {
-    "default": ("%(levelname).1s%(asctime)s %(name)s] %(message)s", "%m%d %H:%M:%S"),
-    "ISO8601": ("%(asctime)s.%(msecs)03dZ %(levelname).1s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S"),
+    "default": ("%(levelname).1s%(asctime)s %(name)s] %(message)s", "%m%d %H:%M:%S.%f"),
+    "ISO8601": ("%(asctime)sZ %(levelname).1s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S"),
 }
+
+
+class _Formatter(logging.Formatter):
+    """Times in UTC, with ``%f`` for the microseconds (tritonserver's ``LMMDD hh:mm:ss.ssssss``)."""
+
+    converter = time.gmtime
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        text = super().formatTime(record, (datefmt or "%Y-%m-%d %H:%M:%S").replace("%f", "{micros}"))
+        return text.replace("{micros}", f"{int(record.created % 1 * 1_000_000):06d}")
 
 
 class LogSettings(logging.Filter):
@@ -100,12 +115,17 @@ class LogSettings(logging.Filter):
         logging.getLogger("ferry").setLevel(logging.DEBUG if self.verbose else logging.INFO)
         if self.handler is not None:
             fmt, datefmt = FORMATS[self.format]
-            self.handler.setFormatter(logging.Formatter(fmt, datefmt))
+            self.handler.setFormatter(_Formatter(fmt, datefmt))
 
     def install(self) -> None:
         """Route the root logger to stderr or ``file`` through this filter (the CLI calls this once)."""
-        handler: logging.Handler
-        handler = logging.FileHandler(self.file, encoding="utf-8") if self.file else logging.StreamHandler(sys.stderr)
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+        unopened = ""
+        if self.file:
+            try:
+                handler = logging.FileHandler(self.file, encoding="utf-8")
+            except OSError as exc:
+                unopened = f"cannot open log file {self.file}: {exc.strerror or exc}; logging to stderr instead"
         handler.addFilter(self)
         root = logging.getLogger()
         for old in list(root.handlers):
@@ -114,6 +134,8 @@ class LogSettings(logging.Filter):
         root.setLevel(logging.DEBUG if self.verbose else logging.INFO)
         self.handler = handler
         self.apply()
+        if unopened:
+            logging.getLogger("ferry").error("%s", unopened)
 
 
 def installed_log_settings() -> LogSettings | None:

@@ -168,7 +168,7 @@ class Engine:
                 names = sorted((await asyncio.to_thread(self.repository.scan))[0])
             self.startup_failures = await self.registry.load_many(names)
         self.initial_load_done = True
-        if mode == "poll":
+        if mode == "poll" and self.options.repository_poll_secs > 0:  # 0: no polling, as tritonserver
             self._poller = asyncio.create_task(self._poll_loop())
 
     async def _poll_loop(self) -> None:

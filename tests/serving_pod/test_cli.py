@@ -100,9 +100,9 @@ def test_default_instance_kind_flag_and_operator_env(monkeypatch, tmp_path):
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--http-port=eighty"], "invalid port 'eighty'"),
         (["--http-port=70000"], "port 70000 is outside 0..65535"),
-        (["--strict-readiness=maybe"], "invalid boolean value 'maybe'"),
+        (["--strict-readiness=maybe"], "invalid value for bool option: maybe"),
         (["--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
-        (["--backend-config=nonsense"], "invalid --backend-config 'nonsense'"),
+        (["--backend-config=nonsense"], "--backend-config option format is '<backend name>,<setting>=<value>'. Got nonsense"),
         (["--exit-timeout-secs=-1"], "value must be >= 0"),
     ],
 )
