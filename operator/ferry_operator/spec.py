@@ -294,9 +294,13 @@ def _gpu(r: specreader.Reader) -> GpuSpec:
 
 def _serving(r: specreader.Reader) -> ServingOptions:
     r.known(specreader.json_names(ServingOptions))
+    mode, load_models = r.opt_enum("modelControlMode", CONTROL_MODES), r.str_list("loadModels")
+    if load_models and mode != "explicit":  # ferry-server refuses --load-model otherwise, as tritonserver does
+        raise SpecError(f"{r.path}.loadModels", "needs modelControlMode explicit (as tritonserver, ferry-server "
+                                                "loads models by name only in explicit mode)")
     return ServingOptions(
-        model_control_mode=r.opt_enum("modelControlMode", CONTROL_MODES),
-        load_models=r.str_list("loadModels"),
+        model_control_mode=mode,
+        load_models=load_models,
         repository_poll_secs=r.opt_int("repositoryPollSecs", minimum=1),
         strict_readiness=r.opt_bool("strictReadiness"),
         exit_timeout_secs=r.opt_int("exitTimeoutSecs", minimum=0, maximum=3600),

@@ -114,6 +114,10 @@ def test_admitted_samples_parse(path: Path) -> None:
          "must be one of"),
         ({"model": {}, "gpu": {"migStrategy": "single"}}, "spec.predictor.gpu.migStrategy", "needs migProfile"),
         ({"model": {}, "serving": {"logVerbose": 11}}, "spec.predictor.serving.logVerbose", "must be <= 10"),
+        # ferry-server (as tritonserver) refuses --load-model outside explicit mode: the pod would never start
+        ({"model": {}, "serving": {"loadModels": ["a"]}}, "spec.predictor.serving.loadModels", "needs modelControlMode"),
+        ({"model": {}, "serving": {"loadModels": ["a"], "modelControlMode": "poll"}}, "spec.predictor.serving.loadModels",
+         "needs modelControlMode explicit"),
         ({"model": {}, "nodeSelector": {"a": 1}}, "spec.predictor.nodeSelector.a", "must be a string"),
         ({"model": []}, "spec.predictor.model", "must be an object"),
         # Found by fuzzing: each of these used to build a child object the API server refuses.
