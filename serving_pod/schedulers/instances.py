@@ -291,8 +291,11 @@ class InstancePool:
         start_ns: int,
         end_ns: int,
         done_ns: int,
+        executed_size: int | None = None,
     ) -> None:
-        """Charge one execution and each of its requests to the model's statistics.
+        """Charge one execution and each of its requests to the model's statistics. ``executed_size``: the batch
+        size the execution ran at, where it held more than ``requests`` (a direct sequence batch padded with null
+        requests: Triton counts the padding in ``batch_stats`` only).
 
         A failed request adds to ``fail`` and not to ``inference_count``, as in Triton; an error the model sent as
         its response (``ServerError.sent_as_response``: a python model's ``InferenceResponse(error=...)``) is a
@@ -314,7 +317,8 @@ class InstancePool:
                 queue_ns.append(dispatch_ns - request.arrival_ns)
                 if request.stats_sink is not None:  # an ensemble's step: the ensemble is charged it too
                     request.stats_sink.add(input_ns, infer_ns, output_ns)
-        stats.record_execution(batch_size, input_ns, infer_ns, output_ns, succeeded)
+        stats.record_execution(batch_size if executed_size is None else executed_size, input_ns, infer_ns, output_ns,
+                               succeeded)
         if request_ns:
             stats.record_successes(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 

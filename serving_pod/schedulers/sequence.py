@@ -12,12 +12,15 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
   sequence always lands on the same instance and batch index. A slot is released when the request
   with ``sequence_end`` is taken for execution, or when the sequence idled longer than
   ``max_sequence_idle_microseconds`` (a later request then gets Triton's "must specify the START
-  flag" error).
+  flag" error, word for word; the release is logged). The reaper wakes at the next expiry, so
+  backlogged sequences take the slots in the order their holders expire.
 - One lane task per instance forms a batch from the heads of its slots (at most one request per
   sequence per batch, so a sequence runs in order) and executes it. Direct: slots in index order,
-  empty slots below the highest busy one get a null request with READY=0. Oldest: the oldest heads
-  first, up to ``max_batch_size``, waiting up to ``max_queue_delay_microseconds`` for a fuller
-  (or preferred-size) batch.
+  empty slots below the highest busy one get a null request with READY=0, waiting up to
+  ``max_queue_delay_microseconds`` while fewer than ``minimum_slot_utilization`` of the slots are
+  ready. Oldest: Triton's dynamic batcher over the heads, oldest first: a batch never grows past the
+  largest ``preferred_batch_size`` (else ``max_batch_size``); below that it runs at once at the
+  largest preferred size reached, else when the oldest head waited ``max_queue_delay_microseconds``.
 - Control inputs START / END / READY / CORRID and implicit-state inputs are added to each request;
   the state outputs of a response are kept for the sequence's next request and removed from the
   response the client sees.
@@ -29,7 +32,7 @@ import asyncio
 import heapq
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,8 +46,6 @@ from serving_pod.schedulers.sequence_batch import StateIO, run_padded
 from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
 
 log = logging.getLogger("ferry.sequence")
-
-_EXPIRED_MEMORY = 4096  # how many idle-released sequence ids are remembered for a clearer error
 
 
 class _Pending:
@@ -102,7 +103,6 @@ class SequenceScheduler:
         heapq.heapify(self._free)
         self._active: dict[SequenceKey, _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()
-        self._expired: OrderedDict[SequenceKey, None] = OrderedDict()
         self._pending = 0
         self._busy = 0
         self._closing = False
@@ -129,7 +129,6 @@ class SequenceScheduler:
         if sequence is None:
             if not start:
                 raise InvalidArgumentError(self._no_start_message(key))
-            self._expired.pop(key, None)
             sequence = self._active[key] = _Sequence(key, now)
             self._place(sequence)
         elif start:
@@ -195,34 +194,30 @@ class SequenceScheduler:
             heapq.heappush(self._free, (slot, lane))
 
     def _no_start_message(self, key: SequenceKey) -> str:
-        message = (
+        # Triton 2.51's words also for a sequence released as idle (the release is logged instead)
+        return (
             f"inference request for sequence {key} to model '{self.spec.model_name}' must specify the "
             "START flag on the first request of the sequence"
         )
-        if key in self._expired:
-            idle_us = self.spec.idle_ns // 1000
-            message += f" (sequence {key} was released after being idle for more than {idle_us} us)"
-        return message
 
     async def _reap(self) -> None:
-        """Release sequences idle longer than ``max_sequence_idle_microseconds``."""
-        interval = min(max(self.spec.idle_ns / 1e9 / 10, 0.005), 0.5)
+        """Release sequences idle longer than ``max_sequence_idle_microseconds``, each at its own expiry."""
+        idle_ns = self.spec.idle_ns
+        interval_ns = int(min(max(idle_ns / 10, 5e6), 5e8))  # re-reads the clock at least this often
         while True:
-            await asyncio.sleep(interval)
             now = self.clock()
+            next_ns = interval_ns
             for lane in self._lanes:
                 for sequence in lane.slots:
-                    if (
-                        sequence is not None
-                        and not sequence.queue
-                        and not sequence.busy
-                        and now - sequence.last_ns >= self.spec.idle_ns
-                    ):
-                        log.info("sequence %s of model '%s' idle: released", sequence.key, self.spec.model_name)
-                        self._expired[sequence.key] = None
-                        while len(self._expired) > _EXPIRED_MEMORY:
-                            self._expired.popitem(last=False)
-                        self._release(sequence)
+                    if sequence is None or sequence.queue or sequence.busy:
+                        continue
+                    left = idle_ns - (now - sequence.last_ns)
+                    if left > 0:
+                        next_ns = min(next_ns, left)
+                        continue
+                    log.info("sequence %s of model '%s' idle: released", sequence.key, self.spec.model_name)
+                    self._release(sequence)
+            await asyncio.sleep(max(next_ns, 1_000_000) / 1e9)
 
     # --- batches -----------------------------------------------------------------------------
     async def _run_lane(self, lane: _Lane) -> None:
@@ -232,18 +227,13 @@ class SequenceScheduler:
             if not picks:
                 await lane.wake.wait()
                 continue
-            wait_ns = self._delay_left(picks)
+            picks, wait_ns = self._choose(picks)
             if wait_ns > 0:
                 try:
                     await asyncio.wait_for(lane.wake.wait(), early_delay_s(wait_ns))
                 except asyncio.TimeoutError:
                     pass
-                if self._delay_left(self._heads(lane)) > 0:
-                    continue
-                picks = self._heads(lane)
-            if self.spec.strategy == "oldest":
-                picks.sort(key=lambda pick: pick[1].queue[0].enqueue_ns)
-                picks = picks[: max(1, self.spec.max_batch_size)]
+                continue  # choose again: more heads may be ready, or the delay is over
             taken = [(slot, sequence, sequence.queue.popleft()) for slot, sequence in picks]
             self._pending -= len(taken)
             self._busy += 1
@@ -277,19 +267,36 @@ class SequenceScheduler:
                 picks.append((slot, sequence))
         return picks
 
-    def _delay_left(self, picks: list[tuple[int, _Sequence]]) -> int:
-        """Nanoseconds to wait for a fuller batch (0: run now)."""
+    def _choose(self, picks: list[tuple[int, _Sequence]]) -> tuple[list[tuple[int, _Sequence]], int]:
+        """The heads to execute now and 0, or none and the nanoseconds to wait for a fuller batch."""
         spec = self.spec
-        if not picks or not spec.queue_delay_ns:
-            return 0
-        count = len(picks)
+        limit = max(1, spec.max_batch_size)
         if spec.strategy == "direct":
-            if not spec.minimum_slot_utilization or count / max(1, spec.max_batch_size) >= spec.minimum_slot_utilization:
-                return 0
-        elif count >= max(1, spec.max_batch_size) or count in spec.preferred_batch_sizes:
-            return 0
+            if (
+                not spec.queue_delay_ns
+                or not spec.minimum_slot_utilization
+                or len(picks) / limit >= spec.minimum_slot_utilization
+            ):
+                return picks, 0
+            left = self._delay_left(picks)
+            return (picks, 0) if left <= 0 else ([], left)
+        # oldest: Triton's dynamic batcher (module docstring)
+        picks.sort(key=lambda pick: pick[1].queue[0].enqueue_ns)
+        cap = min(limit, max(spec.preferred_batch_sizes, default=limit))
+        if len(picks) >= cap:
+            return picks[:cap], 0
+        left = self._delay_left(picks)
+        if left <= 0:
+            return picks, 0
+        reached = [size for size in spec.preferred_batch_sizes if size <= len(picks)]
+        if reached:
+            return picks[: max(reached)], 0
+        return [], left
+
+    def _delay_left(self, picks: list[tuple[int, _Sequence]]) -> int:
+        """Nanoseconds until the oldest of ``picks`` waited ``max_queue_delay_microseconds`` (<= 0: it has)."""
         oldest = min(sequence.queue[0].enqueue_ns for _, sequence in picks)
-        return max(0, spec.queue_delay_ns - (self.clock() - oldest))
+        return self.spec.queue_delay_ns - (self.clock() - oldest)
 
     async def _execute(self, lane: _Lane, taken: list[tuple[int, _Sequence, _Pending]]) -> None:
         spec = self.spec

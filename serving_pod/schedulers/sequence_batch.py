@@ -2,7 +2,8 @@
 
 Neighbours: ``sequence.py`` (the scheduler: slots, lanes, idle reaper) calls these once it has chosen
 the requests of a batch; ``sequence_config.SequenceSpec`` builds the tensors. ``run_padded`` executes a
-direct-strategy batch that holds null requests and charges statistics for the real requests only.
+direct-strategy batch that holds null requests and charges it as Triton does: the execution at its full
+(padded) batch size in ``batch_stats``, the requests and ``inference_count`` for the real requests only.
 """
 
 from __future__ import annotations
@@ -85,13 +86,22 @@ class StateIO:
 
 
 async def run_padded(pool: instances.InstancePool, index: int, requests: list[InferRequest], real: set[int]) -> list[Any]:
-    """Execute a batch holding null requests on instance ``index``; only ids in ``real`` are charged.
+    """Execute a batch holding null requests on instance ``index``; only ids in ``real`` are requests to charge.
 
-    Uses the pool's worker thread directly: ``InstancePool.execute`` charges every request.
+    Uses the pool's worker thread directly: ``InstancePool.execute`` charges every request as a real one.
     """
     dispatch_ns = time.monotonic_ns()
     results, start_ns, end_ns, _ = await pool.run_threaded(index, requests)
-    done_ns = time.monotonic_ns()
-    keep = [i for i, request in enumerate(requests) if id(request) in real]
-    pool.charge([requests[i] for i in keep], [results[i] for i in keep], dispatch_ns, start_ns, end_ns, done_ns)
+    charge_padded(pool, requests, results, real, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
     return results
+
+
+def charge_padded(
+    pool: Any, requests: list[InferRequest], results: list[Any], real: set[int],
+    dispatch_ns: int, start_ns: int, end_ns: int, done_ns: int,
+) -> None:
+    """``InstancePool.charge`` for a padded batch: Triton 2.51 puts a direct batch of 3 slots of which 2 hold
+    requests under ``batch_stats`` size 3, and counts 2 in ``inference_count`` and the request statistics."""
+    keep = [i for i, request in enumerate(requests) if id(request) in real]
+    pool.charge([requests[i] for i in keep], [results[i] for i in keep], dispatch_ns, start_ns, end_ns, done_ns,
+                executed_size=sum(pool.batch_size_of(request) for request in requests))
