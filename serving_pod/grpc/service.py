@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections import deque
 from typing import Any, AsyncIterator
 
 import grpc
@@ -50,6 +51,17 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 #: client metadata that turns a stream's response errors into the stream's status (Triton's ``triton_grpc_error``)
 _GRPC_ERROR_KEY = "triton_grpc_error"
+
+
+class _InOrder:
+    """A stream request for a model that is not decoupled: its answer waits until the requests before it have theirs
+    (tritonserver writes those in request order)."""
+
+    __slots__ = ("items", "done")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.done = False
 
 
 def _refused(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
@@ -168,33 +180,62 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             return error
         return UnsupportedError(_DECOUPLED) if unary and model.decoupled else None
 
+    def _decoupled(self, message: pb.ModelInferRequest) -> bool:
+        """Whether a stream request is for a decoupled model (one that cannot be looked up counts as not)."""
+        try:
+            return self.engine.registry.get(message.model_name, message.model_version).decoupled
+        except ServerError:
+            return False
+
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Bidirectional stream: each request's responses are sent as they are produced, its errors as Triton
-        sends them: a request refused before the model named by its id alone (``_refused``), an error response
-        by the request and its final flag (``_failed``), or the stream's status with ``triton_grpc_error``."""
+        """Bidirectional stream: the requests run at once; as tritonserver, a decoupled model's responses are sent as
+        they are produced, and every other request's answer in the order the requests came (``_InOrder``). Errors
+        are sent as Triton sends them: a request refused before the model named by its id alone (``_refused``), an
+        error response by the request and its final flag (``_failed``), or the stream's status with
+        ``triton_grpc_error``."""
         queue: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
         reader_done = object()
         grpc_error = _grpc_error_mode(context)
+        ordered: deque[_InOrder] = deque()  # non-decoupled requests not yet answered, in the order they came
 
-        async def failed(message: pb.ModelInferRequest, error: ServerError, final: bool) -> None:
-            await queue.put(error if grpc_error else _failed(message, error, final))
+        def send(item: Any, slot: _InOrder | None) -> None:
+            if slot is None:
+                queue.put_nowait(item)
+            else:
+                slot.items.append(item)
 
-        async def run_one(message: pb.ModelInferRequest) -> None:
+        def release(slot: _InOrder) -> None:
+            slot.done = True
+            while ordered and ordered[0].done:
+                for item in ordered.popleft().items:
+                    queue.put_nowait(item)
+
+        def failed(message: pb.ModelInferRequest, error: ServerError, final: bool, slot: _InOrder | None) -> None:
+            send(error if grpc_error else _failed(message, error, final), slot)
+
+        async def run_one(message: pb.ModelInferRequest, slot: _InOrder | None) -> None:
+            try:
+                await answer(message, slot)
+            finally:
+                if slot is not None:
+                    release(slot)
+
+        async def answer(message: pb.ModelInferRequest, slot: _InOrder | None) -> None:
             try:
                 infer_request = decode_infer_request(message)
                 if self.header_forward is not None:
                     self._forward(infer_request, context)
             except ServerError as error:
-                await queue.put(_refused(message, self._model_error(message, unary=False) or error))
+                send(_refused(message, self._model_error(message, unary=False) or error), slot)
                 return
             try:
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
                 async for response in self.engine.stream_infer(infer_request):
                     if isinstance(response, ServerError):  # this response failed; the request goes on
-                        await failed(message, response, False)
+                        failed(message, response, False, slot)
                         continue
                     decoupled = infer_request.responder is not None
                     if not response.outputs and response.final and decoupled:
@@ -204,17 +245,20 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                     encoded = encode_infer_response(response)
                     # every stream response says whether it is its request's last, decoupled model or not (tritonserver)
                     encoded.parameters["triton_final_response"].bool_param = response.final
-                    await queue.put(pb.ModelStreamInferResponse(infer_response=encoded))
+                    send(pb.ModelStreamInferResponse(infer_response=encoded), slot)
             except ServerError as error:
                 if error.refused_before_queue:  # set by the engine (``core.engine.mark_refused``)
-                    await queue.put(_refused(message, error))
+                    send(_refused(message, error), slot)
                 else:  # the request's last response
-                    await failed(message, error, True)
+                    failed(message, error, True, slot)
 
         async def reader() -> None:
             try:
                 async for message in request_iterator:
-                    task = asyncio.create_task(run_one(message))
+                    slot = None if self._decoupled(message) else _InOrder()
+                    if slot is not None:
+                        ordered.append(slot)
+                    task = asyncio.create_task(run_one(message, slot))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             finally:
