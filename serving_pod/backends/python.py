@@ -8,8 +8,9 @@ processes. A model opts into a child process (``python_isolated``) with the conf
 interpreter: a python executable, an environment directory, or a conda-pack ``.tar.gz``;
 ``$$TRITON_MODEL_DIRECTORY`` is expanded as in Triton).
 
-The config reaches the model as Triton serializes it: JSON with proto field names, every
-field printed (defaults included) and 64-bit integers as JSON numbers (``config_to_dict``).
+The config reaches the model as Triton serializes it: compact JSON with proto field names, every
+field printed (defaults included) in the ``.proto`` file's order and 64-bit integers as JSON numbers
+(``config_to_dict``).
 """
 
 from __future__ import annotations
@@ -37,46 +38,16 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A protobuf message -> dict as Triton prints it (defaults shown, int64 as numbers)."""
-    from google.protobuf import json_format
+    """A ModelConfig -> dict as Triton prints it (``repository.config.config_to_dict``: fields in declaration order,
+    defaults shown, int64 as numbers)."""
+    from serving_pod.repository.config import config_to_dict as triton_dict
 
-    try:
-        data = json_format.MessageToDict(
-            config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-    except TypeError:  # protobuf < 5.26 names the option differently
-        data = json_format.MessageToDict(
-            config, preserving_proto_field_name=True, including_default_value_fields=True
-        )
-    _int64_as_numbers(config.DESCRIPTOR, data)
-    return data
-
-
-_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64, SINT64
-
-
-def _int64_as_numbers(descriptor: Any, data: dict[str, Any]) -> None:
-    for key, value in data.items():
-        field = descriptor.fields_by_name.get(key)
-        if field is None:
-            continue
-        message = field.message_type
-        if message is not None and message.GetOptions().map_entry:
-            value_field = message.fields_by_name["value"]
-            if value_field.message_type is not None:
-                for item in value.values():
-                    _int64_as_numbers(value_field.message_type, item)
-            elif value_field.type in _INT64_TYPES:
-                data[key] = {k: int(v) for k, v in value.items()}
-        elif message is not None:
-            for item in value if isinstance(value, list) else [value]:
-                _int64_as_numbers(message, item)
-        elif field.type in _INT64_TYPES:
-            data[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return triton_dict(config)
 
 
 def config_json(config: Any) -> str:
-    return json.dumps(config_to_dict(config))
+    """``args["model_config"]``: Triton's text, compact as its printer writes it."""
+    return json.dumps(config_to_dict(config), separators=(",", ":"))
 
 
 # --------------------------------------------------------------------------- isolation

@@ -215,7 +215,10 @@ class Engine:
         return self.registry.is_ready(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """KServe V2 model metadata; ``versions`` as Triton lists them: the version asked for, else every ready one."""
         model = self.registry.get(name, version)
+        if version:
+            return model.metadata([model.version_str])
         entry = self.registry.entries[name]
         versions = [m.version_str for m in sorted(entry.ready, key=lambda m: m.version)]
         return model.metadata(versions)

@@ -64,14 +64,15 @@ _NEWER_THAN_TRITON: dict[str, tuple[str, ...]] = {
 
 
 def config_to_dict(config: mc.ModelConfig) -> dict:
-    """ModelConfig -> JSON-ready dict with proto field names and int64 as numbers (Triton's shape)."""
+    """ModelConfig -> JSON-ready dict shaped as Triton prints it: proto field names, defaults shown, int64 as
+    numbers and each message's fields in the ``.proto`` file's declaration order (``_as_triton_prints``)."""
     data = json_format.MessageToDict(
         config,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
     _drop_newer_defaults(config, data)
-    return _int64_as_numbers(data, config.DESCRIPTOR)
+    return _as_triton_prints(data, config.DESCRIPTOR)
 
 
 def _drop_newer_defaults(message, data: dict) -> None:
@@ -102,32 +103,57 @@ _INT64_TYPES = frozenset({
     FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
     FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64,
 })
+_FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE})
+#: (message, field) of the 64-bit integers Triton 2.51 leaves as strings: its ModelConfigToJson turns a fixed list of
+#: them back into numbers, and these are not on it
+_INT64_KEPT_AS_STRINGS = frozenset({
+    ("inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape", "dim"),
+    ("inference.ModelSequenceBatching.InitialState", "dims"),
+    ("inference.ModelInstanceGroup.SecondaryDevice", "device_id"),
+})
 
 
-def _int64_as_numbers(value: dict, descriptor) -> dict:
-    """json_format renders int64/uint64 fields as strings; Triton's HTTP config has them as numbers.
+def _as_triton_prints(value: dict, descriptor) -> dict:
+    """``value`` (json_format's dict of a ``descriptor`` message) as Triton's JSON printer writes it.
 
-    Only fields declared 64-bit integers change: a string parameter such as ``"10"`` stays a string.
+    * json_format puts the fields that are set first and the defaults after them; Triton's printer (protobuf's
+      C++ one, as ``/v2/models/<m>/config`` serves it) writes every message's fields in the order the ``.proto``
+      file declares them (``ModelInstanceGroup``: name, kind, count, ...), except that a scalar member of a
+      ``oneof`` comes after the other fields (``initial_state``: data_type, dims, name, zero_data). A map keeps its
+      entries' order: Triton's is its hash map's, which no client can rely on.
+    * json_format writes int64/uint64 fields as strings; Triton writes numbers, except ``_INT64_KEPT_AS_STRINGS``.
+      Only fields declared 64-bit integers change: a string parameter such as ``"10"`` stays a string.
+    * a whole float is written without a fraction (``fp32_false_true: [0,1]``, ``minimum_slot_utilization: 0``).
     """
-    for name, item in value.items():
-        field = descriptor.fields_by_name.get(name)
-        if field is None:
+    printed = {}
+    scalar_oneofs = [f for f in descriptor.fields if f.containing_oneof is not None and f.message_type is None]
+    for field in [f for f in descriptor.fields if f not in scalar_oneofs] + scalar_oneofs:
+        if field.name not in value:
             continue
+        item = value[field.name]
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             entry = field.message_type.fields_by_name["value"]
             if entry.message_type is not None:
-                for key in item:
-                    item[key] = _int64_as_numbers(item[key], entry.message_type)
+                item = {key: _as_triton_prints(element, entry.message_type) for key, element in item.items()}
             elif entry.type in _INT64_TYPES:
-                for key in item:
-                    item[key] = int(item[key])
+                item = {key: int(element) for key, element in item.items()}
         elif field.message_type is not None:
             if isinstance(item, list):
-                value[name] = [_int64_as_numbers(element, field.message_type) for element in item]
+                item = [_as_triton_prints(element, field.message_type) for element in item]
             else:
-                value[name] = _int64_as_numbers(item, field.message_type)
-        elif field.type in _INT64_TYPES:
-            value[name] = [int(element) for element in item] if isinstance(item, list) else int(item)
+                item = _as_triton_prints(item, field.message_type)
+        elif field.type in _INT64_TYPES and (descriptor.full_name, field.name) not in _INT64_KEPT_AS_STRINGS:
+            item = [int(element) for element in item] if isinstance(item, list) else int(item)
+        elif field.type in _FLOAT_TYPES:
+            item = [_float(element) for element in item] if isinstance(item, list) else _float(item)
+        printed[field.name] = item
+    return printed
+
+
+def _float(value: float | str) -> float | int | str:
+    """A float as Triton's printer writes it: a whole number without ``.0`` (``NaN`` and the like stay strings)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return int(value)
     return value
 
 

@@ -6,8 +6,8 @@
   set; otherwise KIND_GPU where GPUs are visible (and every GPU the group lists is one of them), else
   KIND_CPU. One difference from Triton, where every onnxruntime build has CUDA: an onnxruntime without the
   CUDA execution provider resolves KIND_AUTO to KIND_CPU.
-* ``check`` (Triton's ValidateInstanceGroup): GPUs only in KIND_GPU groups, at least one there, and only
-  GPUs that are visible; each refusal is Triton's message.
+* ``check`` (Triton's ValidateInstanceGroup): GPUs only in KIND_GPU groups, at least one there, only
+  GPUs that are visible, and a ``profile`` on TensorRT models only; each refusal is Triton's message.
 * ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
   a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
 * ``signature``: what an instance-group update matches instances by (Triton's instance signature).
@@ -109,9 +109,12 @@ def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], 
 
 
 def check(config: mc.ModelConfig, gpus: Sequence[int], min_capability: float = MIN_COMPUTE_CAPABILITY) -> None:
-    """ModelLoadError with Triton's message for a group whose GPUs do not fit its kind or this machine."""
+    """ModelLoadError with Triton's message for a group whose GPUs do not fit its kind or this machine (or that
+    names TensorRT profiles on another backend)."""
     for group in config.instance_group:
         where = f"instance group {group.name} of model {config.name}"
+        if group.profile and config.backend != "tensorrt":
+            raise ModelLoadError(f"{where} specifies profile field which is only supported for TensorRT models")
         kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
         if kind != "KIND_GPU":
             if group.gpus:

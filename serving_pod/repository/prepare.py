@@ -63,6 +63,7 @@ def prepare_config(
         ):
             config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
+        _check_label_files(config, model_dir)
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename()
     _complete_instance_groups(config, backend_name, default_instance_kind, min_compute_capability)
@@ -124,6 +125,20 @@ def _check_model_files(
         if not path.exists():
             raise ModelLoadError(
                 f"model '{config.name}' version {version}: model file {path} not found"
+            )
+
+
+def _check_label_files(config: mc.ModelConfig, model_dir: Path) -> None:
+    """Triton reads every output's ``label_filename`` (in the model directory) when the model loads. A name that
+    leaves the directory is left to ``classification``, which refuses to read it."""
+    root = model_dir.resolve()
+    for output in config.output:
+        path = model_dir / output.label_filename
+        inside = path.resolve().is_relative_to(root)
+        if output.label_filename and inside and not path.is_file():
+            raise ModelLoadError(
+                f"model '{config.name}': output '{output.name}' label_filename: failed to open text file for read "
+                f"{path}: No such file or directory"
             )
 
 
