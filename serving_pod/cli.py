@@ -169,6 +169,13 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser 
         cache_config.setdefault("local", {})["size"] = str(args.response_cache_byte_size)
     for cache, key, value in args.cache_config:
         cache_config.setdefault(cache, {})[key] = value
+    if args.response_cache_byte_size is not None:  # checked as --cache-config is: too small, tritonserver exits
+        from serving_pod.cache import cache_capacity
+
+        try:
+            cache_capacity(cache_config)
+        except ValueError as exc:
+            parser.error(f"--response-cache-byte-size: {exc}")
     engine = EngineOptions(
         # a path given twice is one repository (tritonserver keeps them in a set), not duplicate models
         model_repositories=tuple(dict.fromkeys(args.model_repository)) or (default_repository(),),

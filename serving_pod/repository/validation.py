@@ -167,8 +167,8 @@ def _validate_batching(config: mc.ModelConfig) -> None:
                 f"model '{name}': default_priority_level {batching.default_priority_level} must be "
                 f"in 1..priority_levels ({batching.priority_levels})"
             )
-        for level in batching.priority_queue_policy:
-            if not 0 < level <= batching.priority_levels:
+        for level in batching.priority_queue_policy:  # without priority levels Triton loads and ignores them
+            if batching.priority_levels and not 0 < level <= batching.priority_levels:
                 raise ModelLoadError(
                     f"model '{name}': priority_queue_policy for level {level} outside "
                     f"1..priority_levels ({batching.priority_levels})"

@@ -5,7 +5,8 @@ in service order (``walk``), then takes the batch off the front (``pop``). Seman
 
 - level 1 is served first; a request's ``priority`` parameter picks its level, 0 or a value above
   ``priority_levels`` means ``default_priority_level``; without ``priority_levels`` there is one level;
-- each level has its policy (``priority_queue_policy[level]`` or ``default_queue_policy``):
+- each level has its policy (``priority_queue_policy[level]`` or ``default_queue_policy``; without
+  ``priority_levels`` the ``priority_queue_policy`` entries are ignored, as Triton ignores them):
   ``max_queue_size`` (0 = unlimited; full -> "[request id: <id>] Exceeds maximum queue size" at once, not
   charged to any statistic, as in Triton),
   ``default_timeout_microseconds`` counted from enqueue (0: none), ``allow_timeout_override`` (the
@@ -112,7 +113,7 @@ class PriorityQueue:
         self.levels = [
             Level(
                 QueuePolicy.from_config(batching.priority_queue_policy[number])
-                if number in batching.priority_queue_policy
+                if self.priority_levels and number in batching.priority_queue_policy  # else ignored, as Triton
                 else default
             )
             for number in range(1, count + 1)

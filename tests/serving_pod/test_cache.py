@@ -253,8 +253,11 @@ def test_cache_flags() -> None:
 
     args = build_parser().parse_args(["--cache-config", "local,size=4096"])
     assert options_from_args(args).engine.cache_config == {"local": {"size": "4096"}}
-    legacy = build_parser().parse_args(["--response-cache-byte-size", "100"])
-    assert options_from_args(legacy).engine.cache_config == {"local": {"size": "100"}}
+    legacy = build_parser().parse_args(["--response-cache-byte-size", "4096"])
+    assert options_from_args(legacy).engine.cache_config == {"local": {"size": "4096"}}
+    too_small = build_parser().parse_args(["--response-cache-byte-size", "100"])  # tritonserver: cannot start
+    with pytest.raises(SystemExit):
+        options_from_args(too_small)
     for bad in ("redis,host=x", "local", "local,size=big"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--cache-config", bad])

@@ -454,3 +454,14 @@ async def test_backend_failure_fails_only_its_requests() -> None:
     assert [r.outputs[0].data[0, 0] for r in (results[0], results[2])] == [1, 2]
     assert stats.failures["BACKEND"] == 1 and stats.success.count == 2
 
+
+
+async def test_priority_queue_policy_without_priority_levels_is_ignored() -> None:
+    """As Triton: with no ``priority_levels`` the one level follows ``default_queue_policy``, not ``priority_queue_policy``."""
+    scheduler, instances, stats = make("priority_queue_policy { key: 1 value { max_queue_size: 1 } }",
+                                       max_batch=1, delay_ms=150)
+    first = await start_busy(scheduler, instances)
+    queued = [asyncio.ensure_future(scheduler.submit(request(i))) for i in range(3)]  # no limit: all queue
+    await until(lambda: scheduler.pending() == 3)
+    await asyncio.gather(first, *queued)
+    assert stats.success.count == 4 and stats.fail.count == 0

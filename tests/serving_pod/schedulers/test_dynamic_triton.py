@@ -21,9 +21,7 @@ statistics and ``nv_inference_*`` counts, ``preserve_ordering``, requests queued
 and which bad ``dynamic_batching`` configs are refused at load.
 
 Kept different on purpose, so not compared: why a load is refused (Triton answers "failed to load '<m>', failed
-to poll from model repository" with 500 and logs the reason; Ferry answers 400 with the reason); a
-``priority_queue_policy`` without ``priority_levels`` (Triton loads it and ignores the policy, Ferry refuses
-it); a negative ``priority`` / ``timeout`` (Triton: 500 over HTTP, accepted over gRPC; Ferry: 400 /
+to poll from model repository" with 500 and logs the reason; Ferry answers 400 with the reason); a negative ``priority`` / ``timeout`` (Triton: 500 over HTTP, accepted over gRPC; Ferry: 400 /
 INVALID_ARGUMENT); a queued request whose gRPC client gave up (deadline): Triton 2.51 still runs it and counts
 a success, Ferry drops it unrun and counts it failed (reason CANCELED).
 """
@@ -91,6 +89,8 @@ LOADS: dict[str, tuple[str, int]] = {
     "ok_unbatched": ("", 0),
     "ok_default_level_without_levels": ("default_priority_level: 5", 4),
     "ok_repeated_preferred": ("preferred_batch_size: [ 2, 2, 4 ] max_queue_delay_microseconds: 100", 4),
+    # without priority levels a priority queue policy is ignored (it loads)
+    "ok_policy_without_levels": ("priority_queue_policy { key: 3 value { max_queue_size: 1 } }", 4),
 }
 
 FULL = "Exceeds maximum queue size"
