@@ -38,12 +38,40 @@ def _check_parameters(parameters: Any) -> dict:
         raise TritonModelException(f"parameters must be a dict, found type '{type(parameters).__name__}'")
     for key, value in parameters.items():
         if not isinstance(key, str):
-            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key).__name__}")
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
         if not isinstance(value, (bool, int, str)):
-            raise TritonModelException(
-                f"Expect parameters values to have type bool, int or str, found type {type(value).__name__}"
-            )
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
     return parameters
+
+
+_REQUEST_SIGNATURE = ("c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: int | str = 0, "
+                      "inputs: List[c_python_backend_utils.Tensor], requested_output_names: List[str], model_name: str, "
+                      "model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: "
+                      "c_python_backend_utils.PreferredMemory = ..., trace: c_python_backend_utils.InferenceTrace = ..., "
+                      "parameters: object = None)")
+
+
+def _check_request_arguments(request_id: Any, correlation_id: Any, inputs: Any, requested_output_names: Any,
+                             model_name: Any, model_version: Any, flags: Any, timeout: Any) -> None:
+    """Triton's binding: a value of the wrong type is pybind11's TypeError; a None input or an empty output
+    name is the backend's TritonModelException."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    fits = (isinstance(request_id, str) and (integer(correlation_id) or isinstance(correlation_id, str))
+            and isinstance(inputs, (list, tuple)) and isinstance(requested_output_names, (list, tuple))
+            and all(isinstance(name, str) for name in requested_output_names) and isinstance(model_name, str)
+            and integer(model_version) and integer(flags) and flags >= 0 and integer(timeout) and timeout >= 0)
+    if not fits:
+        raise incompatible_arguments(_REQUEST_SIGNATURE, (), {
+            "request_id": request_id, "correlation_id": correlation_id, "inputs": inputs,
+            "requested_output_names": requested_output_names, "model_name": model_name,
+            "model_version": model_version, "flags": flags, "timeout": timeout})
+    where = f"for request with id '{request_id}' and model name '{model_name}' should not be empty."
+    if any(tensor is None for tensor in inputs):
+        raise TritonModelException(f"Input tensor {where}")
+    if any(name == "" for name in requested_output_names):
+        raise TritonModelException(f"Requested output name {where}")
 
 
 _RESPONSE_SIGNATURE = ("c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] "
@@ -69,6 +97,8 @@ class InferenceResponse:
             outputs, error, parameters = self._bound(args, kwargs)
         for tensor in outputs:
             if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
+                if tensor is None:  # pybind11 lets None through as a null Tensor; the backend refuses it
+                    raise TritonModelException("Output tensor for inference response should not be empty.")
                 raise incompatible_arguments(_RESPONSE_SIGNATURE, args, kwargs)
         self._outputs = outputs
         self._error = error
@@ -102,13 +132,15 @@ class InferenceResponse:
 class InferenceResponseSender:
     """What ``request.get_response_sender()`` returns: ``send(response=None, flags=0)``."""
 
-    __slots__ = ("_request", "_closed", "_sent", "_lock")
+    __slots__ = ("_request", "_closed", "_sent", "_lock", "_answered")
 
     def __init__(self, request: "InferenceRequest") -> None:
         self._request = request
         self._closed = False
         self._sent = 0
         self._lock = threading.Lock()
+        #: set at the first send of a non-decoupled model (its one answer, or its final flag)
+        self._answered = threading.Event()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
@@ -142,6 +174,18 @@ class InferenceResponseSender:
                 self._closed = True
             self._sent += 1
         link.deliver(self._request, response, final)
+        if not link.decoupled:
+            self._answered.set()
+
+    def answered(self) -> bool:
+        return self._closed or self._answered.is_set()
+
+    def wait_answered(self, stop: Callable[[], bool]) -> None:
+        """Non-decoupled: block until the model sent its answer (after ``execute`` returned None, as Triton
+        waits for it), the final flag, or ``stop()`` (the request was cancelled or the model unloads)."""
+        while not self._closed and not self._answered.wait(0.1):
+            if stop():
+                return
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
@@ -165,7 +209,7 @@ class InferenceRequest:
     then ``.exec()`` (or ``.exec(decoupled=True)`` -> iterator) or ``await .async_exec()``.
     """
 
-    __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result")
+    __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result", "_parameters_text")
 
     def __init__(
         self,
@@ -183,12 +227,8 @@ class InferenceRequest:
     ) -> None:
         from serving_pod.backends import python_bridge
 
-        if inputs is None or requested_output_names is None or model_name is None:
-            raise TypeError(
-                "InferenceRequest() requires inputs, requested_output_names and model_name"
-            )
-        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
-            raise TritonModelException("Correlation ID must be integer or string")
+        _check_request_arguments(request_id, correlation_id, inputs, requested_output_names, model_name,
+                                 model_version, flags, timeout)
         self._domain = python_bridge.bls_domain_request(
             request_id=request_id, correlation_id=correlation_id, inputs=inputs,
             requested_output_names=requested_output_names, model_name=model_name,
@@ -201,6 +241,8 @@ class InferenceRequest:
         self._engine: Any = current_engine(sys._getframe(1))
         self._flags_override: int | None = None
         self._result: Any = None
+        #: a request the model builds reads its parameters back as Triton's binding wrote them: ``json.dumps``
+        self._parameters_text: str | None = json.dumps(parameters) if parameters else "{}"
 
     @classmethod
     def _from_domain(cls, domain: Any, link: Any) -> "InferenceRequest":
@@ -213,6 +255,7 @@ class InferenceRequest:
         request._engine = None
         request._flags_override = None
         request._result = None
+        request._parameters_text = None
         return request
 
     # model-side accessors -------------------------------------------------------------
@@ -250,6 +293,8 @@ class InferenceRequest:
     def parameters(self) -> str:
         from serving_pod.backends import python_bridge
 
+        if self._parameters_text is not None:
+            return self._parameters_text
         return python_bridge.parameters_json(self._domain.parameters, self._domain.custom_reserved)
 
     def trace(self) -> _Trace:
@@ -280,6 +325,7 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         from serving_pod.backends import python_bridge
 
+        _check_in_execute(sys._getframe(1))
         engine = self._engine if self._engine is not None else current_engine()
         return python_bridge.bls_exec(engine, self._domain, decoupled)
 
@@ -288,6 +334,7 @@ class InferenceRequest:
 
         from serving_pod.backends import python_bridge
 
+        _check_in_execute(sys._getframe(1))
         loop = asyncio.get_running_loop()
         engine = self._engine if self._engine is not None else current_engine()
         return loop.run_in_executor(None, python_bridge.bls_exec, engine, self._domain, decoupled)
@@ -342,14 +389,39 @@ def bind_thread(engine: Any, model_dir: str, owner: str = "") -> None:
     _fallback["model_dir"] = model_dir
 
 
+#: owner keys whose instance is not serving: before ``initialize`` returns and from ``finalize`` on
+_not_serving: set[str] = set()
+
+
+def running_model_dir() -> str:
+    """The version directory bound to this thread by the backend ("" when none): no fallbacks."""
+    return getattr(_local, "model_dir", "") or ""
+
+
 def register_module(
     module_name: str, engine: Any, model_dir: str, instance_name: str = "", model_name: str = ""
 ) -> None:
     _modules[module_name] = (engine, model_dir, instance_name, model_name)
+    _not_serving.add(module_name)
 
 
 def unregister_module(module_name: str) -> None:
     _modules.pop(module_name, None)
+    _not_serving.discard(module_name)
+
+
+def set_serving(module_name: str, serving: bool) -> None:
+    """The backend marks an instance serving once ``initialize`` returned, and not before ``finalize``."""
+    if serving:
+        _not_serving.discard(module_name)
+    else:
+        _not_serving.add(module_name)
+
+
+def _check_in_execute(frame: Any) -> None:
+    """BLS from ``initialize`` or ``finalize`` is refused, in Triton's words."""
+    if _not_serving and current_owner(frame) in _not_serving:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
 def current_owner(frame: Any = None) -> str:

@@ -19,6 +19,7 @@ Unlike Triton, nothing here crosses a process boundary: a request wraps the engi
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from serving_pod.backends.pb_metrics import Metric, MetricFamily
 from serving_pod.backends.pb_model_config import ModelConfig
@@ -92,23 +93,40 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = 0) -> None:
-        _log.log(Logger._LEVELS.get(int(level), logging.INFO), "%s", message, stacklevel=2)
+        if not isinstance(message, str) or not isinstance(level, int) or isinstance(level, bool):
+            raise _incompatible("log", "(message: str, level: c_python_backend_utils.LogLevel = ...) -> None",
+                                message, level)
+        _log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message, stacklevel=2)
 
     @staticmethod
     def log_info(message: str) -> None:
+        if not isinstance(message, str):
+            raise _incompatible("log_info", "(message: str) -> None", message)
         _log.info("%s", message, stacklevel=2)
 
     @staticmethod
     def log_warn(message: str) -> None:
+        if not isinstance(message, str):
+            raise _incompatible("log_warn", "(message: str) -> None", message)
         _log.warning("%s", message, stacklevel=2)
 
     @staticmethod
     def log_error(message: str) -> None:
+        if not isinstance(message, str):
+            raise _incompatible("log_error", "(message: str) -> None", message)
         _log.error("%s", message, stacklevel=2)
 
     @staticmethod
     def log_verbose(message: str) -> None:
+        if not isinstance(message, str):
+            raise _incompatible("log_verbose", "(message: str) -> None", message)
         _log.debug("%s", message, stacklevel=2)
+
+
+def _incompatible(function: str, signature: str, *given: Any) -> TypeError:
+    """pybind11's refusal of a Logger call whose message is not a str (Triton's binding)."""
+    return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:\n"
+                     f"    1. {signature}\n\nInvoked with: {', '.join(map(repr, given))}")
 
 
 class PreferredMemory:

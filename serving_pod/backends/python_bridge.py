@@ -155,7 +155,8 @@ class ResponseLink:
         """What a response sender does with one ``send``."""
         domain = request._domain
         if not self.decoupled:
-            request._result = response
+            if response is not None:  # the final flag alone keeps the response already sent
+                request._result = response
             return
         message = None if response is None else self.to_domain(domain, response, final)
         try:

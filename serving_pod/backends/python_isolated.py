@@ -201,8 +201,8 @@ class IsolatedInstance:
         except ConnectionError:
             detail = child.describe_exit()
             channel.close()
-            raise errors.ModelLoadError(
-                f"failed to load python model '{self._spec.model_name}': its isolated process "
+            raise VersionLoadError(  # Triton's words first, then what became of the process
+                f"Stub process '{self._spec.instance_name}' is not healthy. Its isolated process "
                 f"exited during initialize ({detail})"
             ) from None
         except Exception as exc:

@@ -14,6 +14,8 @@ background (as Triton does), so the instance can take the next batch while respo
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import itertools
 import logging
@@ -22,12 +24,19 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from serving_pod.backends import pb_utils
 from serving_pod.backends.pb_metrics import metric_store
-from serving_pod.backends.pb_request import bind_thread, register_module, unregister_module
+from serving_pod.backends.pb_request import (
+    bind_thread,
+    register_module,
+    running_model_dir,
+    set_serving,
+    unregister_module,
+)
 from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.python_bridge import ResponseLink
 from serving_pod.core import errors
@@ -68,9 +77,41 @@ class ModelSpec:
 
 
 def install_pb_utils() -> None:
-    """Make ``import triton_python_backend_utils`` resolve to our module."""
+    """Make ``import triton_python_backend_utils`` resolve to our module, and sibling imports made while a
+    model runs find its version directory (``_VersionDirFinder``)."""
     if sys.modules.get("triton_python_backend_utils") is not pb_utils:
         sys.modules["triton_python_backend_utils"] = pb_utils
+    if not any(isinstance(finder, _VersionDirFinder) for finder in sys.meta_path):
+        sys.meta_path.append(_VersionDirFinder())
+
+
+#: top-level module names ``_VersionDirFinder`` found, forgotten once the model call returns
+_lazy_imports: set[str] = set()
+
+
+class _VersionDirFinder(importlib.abc.MetaPathFinder):
+    """Triton's stub keeps the version directory on ``sys.path`` for the model's life, so ``import helper``
+    inside ``execute`` (or ``unittest.main("model")``) works. Here many models share one process: a
+    top-level import made on a thread running model code looks in that model's directory last (after the
+    installed packages, as an appended ``sys.path`` entry would), and ``forget_lazy_imports`` drops what it
+    found when the call returns, so two models' ``helper`` never clash."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if path is not None or "." in fullname:
+            return None
+        directory = running_model_dir()
+        if not directory:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, [directory])
+        if spec is not None:
+            _lazy_imports.add(fullname)
+        return spec
+
+
+def forget_lazy_imports() -> None:
+    """Drop the modules ``_VersionDirFinder`` imported (the model keeps its own references)."""
+    while _lazy_imports:
+        sys.modules.pop(_lazy_imports.pop(), None)
 
 
 def describe(exc: BaseException) -> str:
@@ -84,7 +125,13 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
     not change because a model was loaded).
     """
     install_pb_utils()
-    name = f"_ferry_model_{re.sub(r'[^0-9A-Za-z_]', '_', label)}_{next(_counter)}"
+    # Triton imports ``<version>.model``, so ``from . import helper`` works: the module lives in a
+    # private package whose ``__path__`` is the version directory (kept until ``unload_module``).
+    package_name = f"_ferry_model_{re.sub(r'[^0-9A-Za-z_]', '_', label)}_{next(_counter)}"
+    package = ModuleType(package_name)
+    package.__path__ = [search_dir]
+    package.__package__ = package_name
+    name = f"{package_name}.{Path(model_file).stem.replace('.', '_')}"
     spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None:
         raise ImportError(f"cannot import {model_file}")
@@ -94,6 +141,7 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
     prefix = os.path.abspath(search_dir) + os.sep
     with _load_lock:
         before = set(sys.modules)
+        sys.modules[package_name] = package
         sys.modules[name] = module
         sys.path.insert(0, search_dir)
         saved_flag, sys.dont_write_bytecode = sys.dont_write_bytecode, True
@@ -101,6 +149,7 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
             exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(name, None)
+            sys.modules.pop(package_name, None)
             raise
         finally:
             sys.dont_write_bytecode = saved_flag
@@ -108,7 +157,7 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
                 sys.path.remove(search_dir)
             except ValueError:
                 pass
-            for other in set(sys.modules) - before - {name}:
+            for other in set(sys.modules) - before - {name, package_name}:
                 path = getattr(sys.modules[other], "__file__", None) or ""
                 if os.path.abspath(path).startswith(prefix):
                     del sys.modules[other]
@@ -116,8 +165,14 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
 
 
 def unload_module(module: ModuleType | None) -> None:
-    if module is not None and sys.modules.get(module.__name__) is module:
+    """Forget a module of ``load_model_module`` and its private package."""
+    if module is None:
+        return
+    if sys.modules.get(module.__name__) is module:
         del sys.modules[module.__name__]
+    package = module.__name__.rpartition(".")[0]
+    if package.startswith("_ferry_model_"):
+        sys.modules.pop(package, None)
 
 
 class _BackgroundLoop:
@@ -168,6 +223,7 @@ class PythonModelInstance:
             self._release()
             unload_module(self._module)
             raise
+        set_serving(self._owner, True)
         self._execute = self._model.execute
         self.inline_safe = self._never_blocks_on_engine()
 
@@ -206,6 +262,8 @@ class PythonModelInstance:
         except BaseException as exc:
             _log.exception("python model '%s': initialize failed", spec.model_name)
             raise VersionLoadError(describe(exc)) from None  # Triton's words: the bare exception (traceback: log)
+        finally:
+            forget_lazy_imports()
         return model
 
     # ------------------------------------------------------------------ execute
@@ -223,6 +281,9 @@ class PythonModelInstance:
                 result = self._run(result)
         except BaseException as exc:  # KeyboardInterrupt too: a model's exception fails its requests only
             return self._fail_all(count, exc)
+        finally:
+            if _lazy_imports:
+                forget_lazy_imports()
         if type(result) is not list:
             if result is None:
                 result = [None] * count
@@ -247,16 +308,36 @@ class PythonModelInstance:
         to_domain = link.to_domain
         answers: list[InferResponse | errors.ServerError] = []
         for request, pb_request, response in zip(requests, pb_requests, result):
-            if response is None:
+            sender = pb_request._sender
+            if response is None and sender is not None and pb_request._result is None:
+                self._wait_answered(sender, pb_request)
+            if pb_request._result is not None:  # a response sent before one returned wins (Triton)
                 response = pb_request._result
-                if response is None:
-                    answers.append(errors.InternalError(
-                        f"python model '{self._spec.model_name}' returned no response for request "
-                        f"'{request.id}'"
-                    ))
-                    continue
+            if response is None:
+                answers.append(errors.InternalError(
+                    f"python model '{self._spec.model_name}' returned no response for request '{request.id}'"
+                ))
+                continue
             answers.append(to_domain(request, response))
         return answers
+
+    def _wait_answered(self, sender: Any, pb_request: pb_utils.InferenceRequest) -> None:
+        """A non-decoupled ``execute`` returned None after taking a response sender: its answer comes later
+        (Triton waits for it), until the request is cancelled or the model unloads."""
+
+        def stop() -> bool:
+            return self._closed or pb_request.is_cancelled()
+
+        loop = self._loop
+        if loop is None or loop.is_closed() or loop.is_running():
+            sender.wait_answered(stop)
+            return
+
+        async def turn() -> None:  # tasks an async execute left behind may be the ones to answer
+            while not sender.answered() and not stop():
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(turn())
 
     def _message(self, exc: BaseException | str) -> str:
         """Triton's wording; a misuse the backend found (a ``str``) carries no exception type."""
@@ -293,6 +374,9 @@ class PythonModelInstance:
         except BaseException as exc:
             failure = self._fail_open(pb_requests, exc)
             return [failure if answer is None else answer for answer in answers]
+        finally:
+            if _lazy_imports:
+                forget_lazy_imports()
         return answers
 
     def _background_done(self, future: Any, pb_requests: list[pb_utils.InferenceRequest]) -> None:
@@ -356,12 +440,15 @@ class PythonModelInstance:
             return
         self._closed = True
         bind_thread(self._engine, self._spec.version_dir, self._owner)
+        set_serving(self._owner, False)
         finalize = getattr(self._model, "finalize", None)
         if finalize is not None:
             try:
                 self._await(finalize())
             except BaseException:
                 _log.exception("python model '%s': finalize failed", self._spec.model_name)
+            finally:
+                forget_lazy_imports()
         if self._background is not None:
             self._background.stop()
         if self._loop is not None:

@@ -529,7 +529,8 @@ def test_pb_utils_tensor_api() -> None:
 
 
 def test_pb_utils_responses_and_senders() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="bool, int or str"):
+    with pytest.raises(pb_utils.TritonModelException,
+                       match="Expect parameters values to have type bool/int/str, found type <class .float.>"):
         pb_utils.InferenceResponse([], parameters={"x": 1.5})
     error = pb_utils.TritonError("nope")
     assert error.code() == pb_utils.TritonError.INTERNAL and error.message() == "nope"
