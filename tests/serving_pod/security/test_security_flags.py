@@ -51,7 +51,7 @@ def test_flags_map_tocli_options(tmp_path):
         (["--http-ssl-mutual=true"], "--http-ssl-mutual=true needs"),
         (["--trace-config=zipkin,url=x"], "unknown trace mode"),
         (["--trace-config=rate=abc"], "Unable to parse 'trace_rate'"),
-        (["--allow-client-shm=maybe"], "invalid boolean value"),
+        (["--allow-client-shm=maybe"], "invalid value for bool option"),
         (["--http-read-timeout-secs=0"], "value must be > 0"),
     ],
 )
