@@ -45,7 +45,8 @@ from support.triton import triton_or_skip, triton_repositories
 
 from serving_pod.core.engine import EXTENSIONS, SERVER_VERSION
 
-SERVERS = ["ferry", "triton"]
+# the live tritonserver half runs with -m slow (minutes of the default suite; Triton's own timing made it flaky)
+SERVERS = ["ferry", pytest.param("triton", marks=pytest.mark.slow)]
 MISSING = "/nonexistent-ferry-cli-repository"
 
 CONFIG = """

@@ -323,6 +323,7 @@ def test_isolated_instances_behave_the_same(threaded_server: Any, tmp_path: Path
     assert seen == {case: expected for case, (_, expected) in CASES.items()}
 
 
+@pytest.mark.slow  # live tritonserver: with -m slow
 def test_the_same_models_answer_the_same_on_nvidia_triton(threaded_server: Any, repository: Path) -> None:
     """Side by side with Triton 2.51 (skipped where it cannot be had)."""
     import tritonclient.http as httpclient

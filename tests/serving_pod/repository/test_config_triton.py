@@ -461,6 +461,7 @@ def test_loads_as_triton(load_repository: Path) -> None:
         200, {"model_name": "no_outputs", "model_version": "1", "outputs": []})
 
 
+@pytest.mark.slow  # live tritonserver: with -m slow
 def test_nvidia_triton_loads_as_the_table_says(load_repository: Path) -> None:
     from support.triton import running_triton
 

@@ -658,10 +658,16 @@ def _outcomes(server: Server, repository: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_dynamic_batcher_matches_triton(protocol: str, repository: Path, ferry: Ports, triton: Ports | None) -> None:
+def test_dynamic_batcher_answers_as_recorded_from_triton(protocol: str, repository: Path, ferry: Ports) -> None:
     ours = _outcomes(Server(protocol, ferry), repository)
     assert {case: ours[case] for case in EXPECTED if ours[case] != EXPECTED[case]} == {}
+
+
+@pytest.mark.slow  # live tritonserver (with -m slow): its batches depend on its own timing under a loaded machine
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_dynamic_batcher_matches_triton(protocol: str, repository: Path, ferry: Ports, triton: Ports | None) -> None:
     if triton is None:
-        return
+        pytest.skip("tritonserver cannot be had here")
+    ours = _outcomes(Server(protocol, ferry), repository)
     theirs = _outcomes(Server(protocol, triton), repository)
     assert {case: (theirs[case], ours[case]) for case in EXPECTED if theirs[case] != ours[case]} == {}

@@ -310,6 +310,7 @@ def triton_outcomes(repository: Path) -> dict:
 
 
 # --- side by side ------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # live tritonserver side by side: with -m slow (the fixes have fast tests in test_sequence_batches)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_batches_match_triton(scenario: str, protocol: str, ferry_outcomes: dict, triton_outcomes: dict) -> None:
@@ -326,6 +327,7 @@ def test_oldest_batches_stop_at_the_largest_preferred_size(protocol: str, ferry_
     assert [[row[1] for row in outcome[2]] for outcome in last] == [[base + 22, base + 23]] * 2 + [[base + 24]]
 
 
+@pytest.mark.slow  # live tritonserver side by side: with -m slow (the fixes have fast tests in test_sequence_batches)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_statistics_and_metrics_match_triton(protocol: str, ferry_outcomes: dict, triton_outcomes: dict) -> None:
     ours, theirs = ferry_outcomes[protocol, "stats"], triton_outcomes[protocol, "stats"]
@@ -336,6 +338,7 @@ def test_statistics_and_metrics_match_triton(protocol: str, ferry_outcomes: dict
     assert ours["metrics"] == theirs["metrics"]
 
 
+@pytest.mark.slow  # live tritonserver side by side: with -m slow (the fixes have fast tests in test_sequence_batches)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_unload_with_active_sequences_matches_triton(protocol: str, ferry_outcomes: dict,
                                                      triton_outcomes: dict) -> None:
@@ -377,6 +380,7 @@ def test_implicit_state_is_carried_and_restarts(protocol: str, ferry: Clients) -
     assert all(outcome[0] == "ok" for outcome in outcomes)
 
 
+@pytest.mark.slow  # live tritonserver side by side: with -m slow (the fixes have fast tests in test_sequence_batches)
 def test_grpc_stream_outcomes_match_triton(repository: Path, ferry: Clients) -> None:
     from support.triton import running_triton
 
