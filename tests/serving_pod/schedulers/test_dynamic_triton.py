@@ -528,7 +528,7 @@ def _batch_stats(stats: dict[str, Any]) -> dict[int, tuple[int, int, int]]:
         int(entry["batch_size"]): tuple(
             int(entry[phase].get("count", 0)) for phase in ("compute_input", "compute_infer", "compute_output")
         )
-        for entry in stats["batch_stats"]
+        for entry in stats.get("batch_stats", [])  # gRPC JSON leaves an empty list out
     }
 
 
