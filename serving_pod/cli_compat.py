@@ -116,6 +116,12 @@ UNSUPPORTED: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] 
                             "Ferry does not namespace models by repository: names must be unique"),
 }
 
+def _replaced_by_trace_config(flag: str, setting: str) -> Callable[[Any], str]:
+    """tritonserver's warning for a deprecated ``--trace-*`` flag, naming the ``--trace-config`` setting to use."""
+    return lambda _: (f"'{flag}' has been deprecated and will be removed in future releases. "
+                      f"Please use '--trace-config {setting} instead.")
+
+
 #: deprecated tritonserver flags (still applied) -> what tritonserver warns of when given
 DEPRECATED: dict[str, Callable[[Any], str]] = {
     "--strict-model-config": lambda _: "'--strict-model-config' has been deprecated! Please use "
@@ -124,17 +130,12 @@ DEPRECATED: dict[str, Callable[[Any], str]] = {
         "'--response-cache-byte-size' has been deprecated! This will default to the 'local' cache implementation "
         "with the provided byte size for its config. Please use '--cache-config' instead. The equivalent "
         f"--cache-config CLI args would be: '--cache-config=local,size={size}'"),
-    "--trace-file": lambda _: "'--trace-file' has been deprecated and will be removed in future releases. "
-                              "Please use '--trace-config triton,file=<filepath> instead.",
-    "--trace-level": lambda _: "'--trace-level' has been deprecated and will be removed in future releases. "
-                               "Please use '--trace-config level=<OFF|TIMESTAMPS|TENSORS> instead.",
-    "--trace-rate": lambda _: "'--trace-rate' has been deprecated and will be removed in future releases. "
-                              "Please use '--trace-config rate=<rate value> instead.",
-    "--trace-count": lambda _: "'--trace-count' has been deprecated and will be removed in future releases. "
-                               "Please use '--trace-config count=<count value> instead.",
-    "--trace-log-frequency": lambda _: "'--trace-log-frequency' has been deprecated and will be removed in future "
-                                       "releases. Please use '--trace-config triton,log-frequency=<log frequency "
-                                       "value> instead.",
+    "--trace-file": _replaced_by_trace_config("--trace-file", "triton,file=<filepath>"),
+    "--trace-level": _replaced_by_trace_config("--trace-level", "level=<OFF|TIMESTAMPS|TENSORS>"),
+    "--trace-rate": _replaced_by_trace_config("--trace-rate", "rate=<rate value>"),
+    "--trace-count": _replaced_by_trace_config("--trace-count", "count=<count value>"),
+    "--trace-log-frequency": _replaced_by_trace_config("--trace-log-frequency",
+                                                       "triton,log-frequency=<log frequency value>"),
 }
 
 

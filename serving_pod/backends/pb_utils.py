@@ -100,27 +100,26 @@ class Logger:
 
     @staticmethod
     def log_info(message: str) -> None:
-        if not isinstance(message, str):
-            raise _incompatible("log_info", "(message: str) -> None", message)
-        _log.info("%s", message, stacklevel=2)
+        _log.info("%s", _text("log_info", message), stacklevel=2)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        if not isinstance(message, str):
-            raise _incompatible("log_warn", "(message: str) -> None", message)
-        _log.warning("%s", message, stacklevel=2)
+        _log.warning("%s", _text("log_warn", message), stacklevel=2)
 
     @staticmethod
     def log_error(message: str) -> None:
-        if not isinstance(message, str):
-            raise _incompatible("log_error", "(message: str) -> None", message)
-        _log.error("%s", message, stacklevel=2)
+        _log.error("%s", _text("log_error", message), stacklevel=2)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        if not isinstance(message, str):
-            raise _incompatible("log_verbose", "(message: str) -> None", message)
-        _log.debug("%s", message, stacklevel=2)
+        _log.debug("%s", _text("log_verbose", message), stacklevel=2)
+
+
+def _text(function: str, message: Any) -> str:
+    """``message`` when it is a str; pybind11's refusal of the Logger call otherwise (Triton's binding)."""
+    if not isinstance(message, str):
+        raise _incompatible(function, "(message: str) -> None", message)
+    return message
 
 
 def _incompatible(function: str, signature: str, *given: Any) -> TypeError:

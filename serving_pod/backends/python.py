@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from serving_pod.backends.base import InstanceContext, ModelInstance, VersionLoadError
 from serving_pod.core import errors
 from serving_pod.core.datatypes import config_to_wire
+from serving_pod.repository.config import config_to_dict
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -35,14 +36,6 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 # --------------------------------------------------------------------------- config JSON
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """A ModelConfig -> dict as Triton prints it (``repository.config.config_to_dict``: fields in declaration order,
-    defaults shown, int64 as numbers)."""
-    from serving_pod.repository.config import config_to_dict as triton_dict
-
-    return triton_dict(config)
 
 
 def config_json(config: Any) -> str:

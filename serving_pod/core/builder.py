@@ -27,6 +27,7 @@ from serving_pod.repository import instance_groups
 from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.rate_limiter import instance_pool
 from serving_pod.warmup import warm_up
 
 log = logging.getLogger("ferry.registry")
@@ -150,8 +151,7 @@ class VersionBuilder:
         settings = backend_settings(self.backend_config, backend_name)
         backend = get_backend(backend_name, settings)
         reusable: dict[bytes, list[int]] = {}
-        previous = made.previous.pool if made.previous is not None else None
-        previous = getattr(previous, "inner", previous)  # the instance pool behind a rate limiter
+        previous = instance_pool(made.previous.pool) if made.previous is not None else None
         if previous is not None and not config.HasField("sequence_batching"):
             for index, signature in enumerate(previous.signatures):
                 reusable.setdefault(signature, []).append(index)
@@ -201,8 +201,7 @@ class VersionBuilder:
         pool = None
         if pools is not None:
             mode = config.parameters["ferry_execution_mode"].string_value if "ferry_execution_mode" in config.parameters else "auto"
-            previous = pools.previous.pool if pools.previous is not None else None
-            previous = getattr(previous, "inner", previous)
+            previous = instance_pool(pools.previous.pool) if pools.previous is not None else None
             # a kept instance runs on its worker thread still; it is held until the previous pool has drained
             adopted = {index: previous.worker(kept) for index, kept in pools.kept.items()} if previous else {}
             pool = InstancePool(pools.instances, pools.names, stats, model.batch_size_of, execution_mode=mode or "auto",

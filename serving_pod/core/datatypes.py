@@ -143,6 +143,16 @@ class DataDefect:
                 f"{self.expected} but only {self.got} bytes available")
 
 
+def count_defect(datatype: str, expected: int, got: int) -> DataDefect:
+    """The defect of typed values (JSON ``data``, gRPC ``contents``) that are ``got`` many where the shape holds
+    ``expected``: a count of strings for BYTES (Triton's core stops at one past ``expected``), else a byte size."""
+    if datatype == "BYTES":
+        return (DataDefect("too_many_strings", expected, expected + 1) if got > expected
+                else DataDefect("too_few_strings", expected, got))
+    size = ELEMENT_SIZE[datatype]
+    return DataDefect("byte_size", expected * size, got * size)
+
+
 def scan_bytes(buffer: bytes | memoryview, count: int | None) -> tuple[list[bytes], DataDefect | None]:
     """Length-prefixed BYTES elements, read as Triton's core reads them (``ValidateBytesInputs``): stop at a
     length prefix cut short or at element ``count + 1``; then too few elements; then (the python backend's

@@ -47,7 +47,7 @@ from serving_pod.repository import instance_groups
 from serving_pod.repository.config import config_path
 from serving_pod.repository.timestamps import ModelTimestamp
 from serving_pod.repository.repository import ModelRepository, ModelSource
-from serving_pod.schedulers.rate_limiter import unregister_pool
+from serving_pod.schedulers.rate_limiter import instance_pool, unregister_pool
 
 log = logging.getLogger("ferry.registry")
 
@@ -286,9 +286,9 @@ class ModelRegistry:
             taken_over = [(model, made) for model, (_, _, made) in zip(models, built)
                           if isinstance(made, BuiltInstances) and made.kept]
             for _, made in taken_over:  # the previous pool leaves these instances running when it closes
-                previous = made.previous.pool  # type: ignore[union-attr]
+                previous = instance_pool(made.previous.pool)  # type: ignore[union-attr]
                 for kept in made.kept.values():
-                    getattr(previous, "inner", previous).hand_over(kept)
+                    previous.hand_over(kept)
             old = entry.ready
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}

@@ -243,7 +243,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         defect = None
         if source is _SHARED_MEMORY:
             # placeholder of the right shape, no memory; the engine reads the region into it
-            datatypes.numpy_dtype(datatype)
+            datatypes.numpy_dtype(datatype)  # an unknown datatype is refused here, before the region is read
             data = datatypes.placeholder(datatype, shape)
         elif source is _CONTENTS:
             data, defect = _from_contents(item, datatype, shape)
@@ -290,13 +290,7 @@ def _from_contents(item, datatype: str, shape: tuple[int, ...]) -> tuple[np.ndar
     values = getattr(item.contents, field)
     count = datatypes.element_count(shape)
     if len(values) != count:
-        if datatype == "BYTES":
-            defect = (datatypes.DataDefect("too_many_strings", count, count + 1) if len(values) > count
-                      else datatypes.DataDefect("too_few_strings", count, len(values)))
-        else:
-            size = datatypes.ELEMENT_SIZE[datatype]
-            defect = datatypes.DataDefect("byte_size", count * size, len(values) * size)
-        return datatypes.placeholder(datatype, shape), defect
+        return datatypes.placeholder(datatype, shape), datatypes.count_defect(datatype, count, len(values))
     if datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)

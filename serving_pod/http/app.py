@@ -14,7 +14,6 @@ model that is unknown, not ready or decoupled gets the model's error (``_model_f
 
 from __future__ import annotations
 
-import inspect
 import re
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
@@ -29,7 +28,7 @@ from serving_pod.core.parameters import forward_headers
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.http.codec import decode_base64, decode_infer_request, encode_infer_response
 from serving_pod.http.generate import answer_generate
-from serving_pod.http.raw import decode_raw_request, header_length as parse_header_length
+from serving_pod.http.raw import decode_raw_request, header_length as parse_header_length, transaction_config
 from serving_pod.http.responses import (
     JSON, TEXT, before_parsing, error_body, infer_content_type, json_body, json_ok, json_response, read_body,
     send_response, text_response,
@@ -155,13 +154,9 @@ async def _model_first(engine: Infers, model: str, version: str, error: ServerEr
     model that is not ready, or a decoupled model, is reported instead. Only refused requests pay for the look-up
     (a protocol worker asks the server for it)."""
     try:
-        config = engine.model_config_dict(model, version)
-        if inspect.isawaitable(config):
-            config = await config
+        await transaction_config(engine, model, version, DECOUPLED)
     except ServerError as lookup:
         return lookup
-    if config.get("model_transaction_policy", {}).get("decoupled"):
-        return before_parsing(UnsupportedError(DECOUPLED))
     return error
 
 

@@ -181,7 +181,7 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
         return Tensor(name, datatype, data, params, defect), end
     if "shared_memory_region" in params:
         # placeholder of the right shape, no memory; the engine reads the region into it
-        datatypes.numpy_dtype(datatype)
+        datatypes.numpy_dtype(datatype)  # an unknown datatype is refused here, before the region is read
         return Tensor(name, datatype, datatypes.placeholder(datatype, shape_t), params), offset
     dtype = datatypes.WIRE_TO_NUMPY.get(datatype)
     if dtype is None:
@@ -198,8 +198,7 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
             raise InvalidArgumentError(f"input '{name}': BYTES elements must be JSON strings")
         count = datatypes.element_count(shape_t)
         if len(flat) != count:
-            defect = (datatypes.DataDefect("too_many_strings", count, count + 1) if len(flat) > count
-                      else datatypes.DataDefect("too_few_strings", count, len(flat)))
+            defect = datatypes.count_defect(datatype, count, len(flat))
             return Tensor(name, datatype, datatypes.placeholder(datatype, shape_t), params, defect), offset
         values = flat
     data = json_array(values, datatype, dtype, shape_t, name)

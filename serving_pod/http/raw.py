@@ -9,7 +9,7 @@ the body's size; a BYTES input must have the dims ``[1]`` and gets the body as i
 every output the model produced, all as binary data. Triton's errors name the input ``raw_input`` (the name the
 front end gives it) and start with ``[request id: <id_unknown>]`` (a raw request has no id).
 
-Neighbours: ``http.app`` calls :func:`header_length` and :func:`decode_raw_request`; ``http.codec`` decodes every
+Neighbours: ``http.app`` calls :func:`header_length`, :func:`decode_raw_request` and :func:`transaction_config`; ``http.codec`` decodes every
 other request.
 """
 
@@ -54,16 +54,25 @@ def header_length(value: bytes) -> int:
     return number - 2**32 if number >= 2**31 else number
 
 
-async def decode_raw_request(engine: Configs, body: bytes, model_name: str, model_version: str,
-                             decoupled_error: str) -> InferRequest:
-    """The request a raw ``body`` makes for ``model_name`` (module docstring); ``InvalidArgumentError`` in Triton's
-    words when the input cannot be deduced or the body does not fit it. A decoupled model is refused with
-    ``decoupled_error`` first, as tritonserver refuses it before it reads the body."""
+async def transaction_config(engine: Configs, model_name: str, model_version: str,
+                             decoupled_error: str) -> dict[str, Any]:
+    """The model's configuration, looked up as tritonserver looks a model up before it reads an inference body
+    (``CheckTransactionPolicy``): the engine's error for an unknown or unready model, and ``decoupled_error``
+    (found before parsing) for a decoupled one."""
     config = engine.model_config_dict(model_name, model_version)
     if inspect.isawaitable(config):
         config = await config
     if config.get("model_transaction_policy", {}).get("decoupled"):
         raise before_parsing(UnsupportedError(decoupled_error))
+    return config
+
+
+async def decode_raw_request(engine: Configs, body: bytes, model_name: str, model_version: str,
+                             decoupled_error: str) -> InferRequest:
+    """The request a raw ``body`` makes for ``model_name`` (module docstring); ``InvalidArgumentError`` in Triton's
+    words when the input cannot be deduced or the body does not fit it. A decoupled model is refused with
+    ``decoupled_error`` first, as tritonserver refuses it before it reads the body."""
+    config = await transaction_config(engine, model_name, model_version, decoupled_error)
     inputs = config.get("input") or []
     if len(inputs) != 1:
         raise InvalidArgumentError(

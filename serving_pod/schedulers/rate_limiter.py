@@ -267,6 +267,11 @@ def limiter_for(engine: Any) -> RateLimiter | None:
     return limiter
 
 
+def instance_pool(pool: Any) -> InstancePool:
+    """A model's ``InstancePool``: ``pool`` itself, or the one a ``RateLimitedPool`` wraps."""
+    return pool.inner if isinstance(pool, RateLimitedPool) else pool
+
+
 def unregister_pool(pool: Any) -> None:
     """Undo ``rate_limited_pool``'s registration of a pool whose model version will never serve."""
     if isinstance(pool, RateLimitedPool):
