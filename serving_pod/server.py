@@ -187,11 +187,13 @@ class FerryServer:
             # the collector's reach, so full collections under load scan only request garbage (tail latency).
             gc.collect()
             gc.freeze()
-        log.info(
-            "Started HTTPService at %s:%d, GRPCInferenceService at %s:%d, Metrics Service at %s:%d",
-            options.http_address, self.http_port, options.grpc_address, self.grpc_port,
-            options.metrics_address, self.metrics_port,
-        )
+        # tritonserver's lines, in its order, one per service it started (scripts wait for them)
+        if options.allow_grpc:
+            log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, self.grpc_port)
+        if options.allow_http:
+            log.info("Started HTTPService at %s:%d", options.http_address, self.http_port)
+        if options.allow_metrics:
+            log.info("Started Metrics Service at %s:%d", options.metrics_address, self.metrics_port)
 
     async def _start_grpc(self, options: ServerOptions) -> None:
         """The gRPC front end ``--grpc-server`` names, on the same services and limits either way."""

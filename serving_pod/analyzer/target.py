@@ -28,8 +28,9 @@ from typing import Any
 
 from serving_pod.analyzer.errors import InputError, ServerError
 
-_STARTED = re.compile(r"Started HTTPService at (?P<http>\S+):(?P<hport>\d+), GRPCInferenceService at "
-                      r"(?P<grpc>\S+):(?P<gport>\d+)")
+# tritonserver logs one line per service it started, gRPC's before HTTP's
+_STARTED_HTTP = re.compile(r"Started HTTPService at \S+:(?P<port>\d+)")
+_STARTED_GRPC = re.compile(r"Started GRPCInferenceService at \S+:(?P<port>\d+)")
 
 
 class ServerClient:
@@ -165,12 +166,14 @@ class LocalServer:
                 self.proc = None
                 raise ServerError(f"the server exited with code {code} before it was ready; its log ends:\n"
                                   f"{self.log_tail()}")
-            match = _STARTED.search(self._log_text())
+            text = self._log_text()
+            match = _STARTED_HTTP.search(text)
             if match:
-                client = ServerClient(f"127.0.0.1:{match['hport']}")
+                client = ServerClient(f"127.0.0.1:{match['port']}")
                 if client.live():
                     self.client = client
-                    self.grpc_url = f"127.0.0.1:{match['gport']}" if match["gport"] != "0" else None
+                    grpc = _STARTED_GRPC.search(text)
+                    self.grpc_url = f"127.0.0.1:{grpc['port']}" if grpc and grpc["port"] != "0" else None
                     return client
             if time.monotonic() > deadline:
                 self.stop()

@@ -177,3 +177,26 @@ def test_default_repository_serves_out_of_the_box():
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
+
+
+@pytest.mark.parametrize("disabled", [None, "--allow-grpc=false", "--allow-metrics=false"])
+def test_start_lines_name_each_started_service_as_tritonserver(disabled, tmp_path):
+    """tritonserver logs ``Started GRPCInferenceService at``, ``Started HTTPService at`` and ``Started Metrics
+    Service at`` <address>:<port>, one line each, in that order, for the services it started only."""
+    http, grpc_port, metrics = free_ports(3)
+    (tmp_path / "empty").mkdir()
+    argv = [sys.executable, "-m", "serving_pod", f"--model-repository={tmp_path / 'empty'}",
+            f"--http-port={http}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics}",
+            "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+    process = subprocess.Popen([*argv, *([disabled] if disabled else [])],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(http, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    started = [line.split("] ", 1)[-1] for line in stderr.splitlines() if "] Started " in line]
+    expected = [f"Started GRPCInferenceService at 127.0.0.1:{grpc_port}", f"Started HTTPService at 127.0.0.1:{http}",
+                f"Started Metrics Service at 127.0.0.1:{metrics}"]
+    dropped = {"--allow-grpc=false": expected[0], "--allow-metrics=false": expected[2]}.get(disabled or "")
+    assert started == [line for line in expected if line != dropped], stderr
