@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--trace-config", action="append", default=[],
         help="[<mode>,]<setting>=<value>: level, rate, count, log-frequency, file, mode")
     add("--trace-file", default=None)
-    add("--trace-level", action="append", default=[], type=str.upper, choices=["OFF", "TIMESTAMPS", "TENSORS"])
+    add("--trace-level", action="append", default=[], type=str.upper,
+        choices=["OFF", "TIMESTAMPS", "TENSORS", "MIN", "MAX"])  # tritonserver: MIN and MAX are TIMESTAMPS
     add("--trace-rate", type=_positive(int), default=None)
     add("--trace-count", type=int, default=None)
     add("--trace-log-frequency", type=int, default=None)

@@ -1,14 +1,42 @@
-"""Trace extension: per-request timestamps, written as JSON (Triton's trace file) or to OpenTelemetry.
+"""Trace extension: per-request activities, written as Triton's JSON trace file or to OpenTelemetry.
 
-Settings follow Triton (``trace_level`` OFF | TIMESTAMPS | TENSORS, ``trace_rate`` = trace one
-request in N, ``trace_count`` = traces left, -1 unlimited, ``log_frequency`` = traces per file,
-0 = one file), globally and per model, through ``/v2[/models/{m}]/trace/setting`` and the
-``TraceSetting`` RPC. The trace file is fixed at start (``--trace-config triton,file=...``); the
-API refuses to move it (writing files where a client asks is how servers get owned).
+Settings follow tritonserver 2.51 (``trace_level`` OFF | TIMESTAMPS | TENSORS, ``trace_rate`` = trace
+every N-th request, the N-th first, ``trace_count`` = traces left, -1 unlimited, ``log_frequency`` =
+traces per ``<file>.<n>``, 0 = all in ``<file>``), globally and per model, through
+``/v2[/models/{m}]/trace/setting`` and the ``TraceSetting`` RPC. As in Triton a model setting keeps only
+the fields set for it and follows the global setting for the others (a null clears a field; a model with
+none left uses the global setting and its sampling counter), and every update starts a new setting:
+sampling counts again from zero. Enabling a setting that cannot trace (rate 0, no trace file) is
+refused: "Attempting to set invalid trace setting :<reason>".
 
-The engine asks ``Tracer.start`` for a ``Trace`` only when tracing is on (one attribute check per
-request otherwise), stamps stages with ``time.monotonic_ns`` and hands it back to ``finish``.
-With ``mode=opentelemetry`` each trace becomes a span with one event per stage, exported over
+The trace file is Triton's: one JSON array of records, per trace an identity record ``{"id",
+"model_name", "model_version"[, "request_id"][, "parent_id"]}`` (``parent_id``: the ensemble request of
+a composing model's trace), one ``{"id", "timestamps": [{"name", "ns"}]}`` per timestamp (REQUEST_START,
+QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END,
+INFER_RESPONSE_COMPLETE, REQUEST_END) and, at TENSORS level, one ``{"id", "activity":
+"TENSOR_QUEUE_INPUT" | "TENSOR_BACKEND_OUTPUT", "tensor": {"name", "data", "shape", "dtype"}}`` per
+tensor, ``data`` and ``shape`` comma-separated strings.
+
+Kept different on purpose (tritonserver's behaviour is junk or hides traces):
+- the file is a valid JSON array after every trace (Triton writes ``<file>`` when a setting is replaced or
+  at exit, and a count that reaches 0 sends its traces to ``<file>.0``); ``<file>.<n>`` only with
+  ``log_frequency``;
+- records are written per trace in the order they happened (Triton's order follows its threads);
+- a trace at TENSORS level alone still has its identity record (Triton writes none: nameless tensors);
+- INT8/UINT8 data are numbers (Triton streams them as characters), FP16/BF16 data are their values
+  (Triton leaves them empty), BYTES elements are quoted text;
+- the API refuses unknown settings, unknown levels and a negative rate or log frequency (Triton ignores
+  the first two and wraps the last to 4294967295); a level may be a string and a rate a number (Triton
+  answers 500); an empty level list means OFF (Triton ignores it); the count error has one wording
+  (tritonserver's gRPC puts a space after "got:").
+Not written (yet): the frontends' timestamps HTTP_RECV_*/HTTP_SEND_* and GRPC_WAITREAD_*/GRPC_SEND_*, as the
+engine writes a trace when its request ends, before a frontend sends the response.
+The CLI takes Triton's level aliases (MIN, MAX, ON, TRUE = TIMESTAMPS, FALSE = OFF) and ORs repeated
+levels, as tritonserver does.
+
+The engine asks ``Tracer.start`` for a ``Trace`` only when tracing is on (one attribute check per request
+otherwise), and the trace rides on ``InferRequest.trace`` so schedulers can stamp compute times.
+With ``mode=opentelemetry`` each trace becomes a span with one event per timestamp, exported over
 OTLP/HTTP when the opentelemetry SDK and exporter are installed.
 """
 
@@ -18,13 +46,20 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from serving_pod.core.errors import InvalidArgumentError, UnsupportedError
 
 log = logging.getLogger("ferry.trace")
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+#: tritonserver's command-line level words (lower-cased there), beyond the level names
+_CLI_LEVELS = {"MIN": "TIMESTAMPS", "MAX": "TIMESTAMPS", "ON": "TIMESTAMPS", "TRUE": "TIMESTAMPS", "FALSE": "OFF"}
+_UINT32_MAX = 2**32 - 1
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +79,17 @@ class TraceConfig:
     def enabled(self) -> bool:
         return self.level != ("OFF",) and bool(self.level)
 
+    @property
+    def invalid(self) -> str:
+        """Why this setting samples nothing (Triton's reasons), or ""."""
+        if not self.enabled:
+            return "tracing is disabled"
+        if self.rate == 0:
+            return "sample rate must be non-zero"
+        if self.mode == "triton" and not self.file:
+            return "trace file name is not given"
+        return ""
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "trace_level": list(self.level),
@@ -60,6 +106,7 @@ class TraceConfig:
 def parse_trace_config(values: list[str], base: TraceConfig | None = None) -> TraceConfig:
     """``--trace-config [<mode>,]<key>=<value>`` values (tritonserver's syntax) into a TraceConfig."""
     config = base or TraceConfig()
+    levels: list[str] = []
     for raw in values:
         mode, _, setting = raw.partition(",") if "," in raw else ("", "", raw)
         key, sep, value = setting.partition("=")
@@ -80,21 +127,32 @@ def parse_trace_config(values: list[str], base: TraceConfig | None = None) -> Tr
             config = replace(config, mode=value)
         elif key == "file":
             config = replace(config, file=value)
+        elif key == "level":  # tritonserver ORs repeated levels; OFF adds nothing
+            level = _CLI_LEVELS.get(value.strip().upper(), value.strip().upper())
+            if level not in LEVELS:
+                raise ValueError(f"invalid value for trace level option: {value}")
+            levels.append(level)
         else:
             config = _updated(config, {_API_KEYS.get(key, key): value}, from_cli=True)
+    if levels:
+        chosen = tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels)
+        config = replace(config, level=chosen or ("OFF",))
     return config
 
 
 _API_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count", "log-frequency": "log_frequency"}
+_FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 
 
-def _int(key: str, value: Any, low: int) -> int:
+def _int(key: str, value: Any, low: int, high: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"Unable to parse '{key}', got: {value}") from None
-    if number < low or number > 2**31 - 1:
-        raise InvalidArgumentError(f"Unable to parse '{key}', value is out of range [ {low}, {2**31 - 1} ], got: {value}")
+    if key == "trace_count" and number < low:  # tritonserver's words (its gRPC adds a space after "got:")
+        raise InvalidArgumentError(f"Unable to parse 'trace_count'. Expecting value >= -1, got:{value}")
+    if number < low or number > high:
+        raise InvalidArgumentError(f"Unable to parse '{key}', value is out of range [ {low}, {high} ], got: {value}")
     return number
 
 
@@ -102,7 +160,7 @@ def _updated(config: TraceConfig, changes: dict[str, Any], *, from_cli: bool = F
     """``config`` with API-style changes applied; raises InvalidArgumentError / UnsupportedError."""
     for key, value in changes.items():
         if key == "trace_file":
-            if not from_cli and value is not None and value != config.file:
+            if not from_cli:  # any value, even the current one or null, as tritonserver
                 raise UnsupportedError("trace file location can not be updated through network protocol")
         elif key == "trace_level":
             if isinstance(value, str):
@@ -113,153 +171,287 @@ def _updated(config: TraceConfig, changes: dict[str, Any], *, from_cli: bool = F
                 raise InvalidArgumentError(
                     f"Unable to parse 'trace_level': expected a string or an array of strings, got {value!r}"
                 )
-            if from_cli:
-                levels = [lv.upper() for lv in levels]
             if any(lv not in LEVELS for lv in levels):
                 raise InvalidArgumentError(f"invalid trace level {levels}: expected OFF, TIMESTAMPS or TENSORS")
             if "OFF" in levels and len(levels) > 1:
                 raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
             config = replace(config, level=tuple(dict.fromkeys(levels)) or ("OFF",))
         elif key == "trace_rate":
-            config = replace(config, rate=max(1, _int(key, value, 0)))
+            config = replace(config, rate=_int(key, value, 0, _UINT32_MAX))
         elif key == "trace_count":
-            config = replace(config, count=_int(key, value, -1))
+            config = replace(config, count=_int(key, value, -1, _INT32_MAX))
         elif key == "log_frequency":
-            config = replace(config, log_frequency=_int(key, value, 0))
+            config = replace(config, log_frequency=_int(key, value, 0, _UINT32_MAX))
         elif key != "trace_mode":
             raise InvalidArgumentError(f"unknown trace setting '{key}'")
     return config
 
 
+def _data(tensor: Any) -> str:
+    """A tensor's elements as Triton's trace writes them: comma-separated, floats as C++ streams them."""
+    data = tensor.data
+    if tensor.datatype == "BYTES":
+        items = (item if isinstance(item, (bytes, bytearray)) else str(item).encode() for item in data.flat)
+        return ",".join('"' + bytes(item).decode("utf-8", "backslashreplace") + '"' for item in items)
+    if tensor.datatype == "BOOL":
+        return ",".join("1" if item else "0" for item in data.flat)
+    if tensor.datatype in ("FP16", "BF16", "FP32", "FP64"):
+        return ",".join(f"{float(item):g}" for item in data.flat)
+    return ",".join(str(int(item)) for item in np.asarray(data).flat)
+
+
 @dataclass(slots=True)
 class Trace:
-    """One traced request: identity and (stage, monotonic ns) pairs."""
+    """One traced request: its identity and records, in the order they happened."""
 
     id: int
     model_name: str
     model_version: str
     request_id: str
-    timestamps: list[tuple[str, int]] = field(default_factory=list)
+    parent_id: int = 0
+    timestamps: bool = True
+    tensors: bool = False
+    setting: Any = None
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def stamp(self, name: str, ns: int | None = None) -> None:
-        self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))
+        if self.timestamps:
+            self.records.append({"id": self.id, "timestamps": [{"name": name, "ns": time.monotonic_ns()
+                                                                 if ns is None else ns}]})
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
+    def tensor(self, activity: str, tensor: Any) -> None:
+        try:
+            data = _data(tensor)
+        except Exception:  # noqa: BLE001 - a tensor the writer cannot read must not fail the request
+            data = ""
+        self.records.append({"id": self.id, "activity": activity, "tensor": {
+            "name": tensor.name, "data": data, "shape": ",".join(str(d) for d in tensor.data.shape),
+            "dtype": tensor.datatype}})
+
+    def queued(self, inputs: list[Any]) -> None:
+        """QUEUE_START and, at TENSORS level, each input (TENSOR_QUEUE_INPUT)."""
+        self.stamp("QUEUE_START")
+        if self.tensors:
+            for tensor in inputs:
+                self.tensor("TENSOR_QUEUE_INPUT", tensor)
+
+    def computed(self, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+        """The four compute timestamps of the execution that ran this request."""
+        for name, ns in (("COMPUTE_START", start_ns), ("COMPUTE_INPUT_END", input_end_ns),
+                         ("COMPUTE_OUTPUT_START", output_start_ns), ("COMPUTE_END", end_ns)):
+            self.stamp(name, ns)
+
+    def responded(self, outputs: list[Any]) -> None:
+        """At TENSORS level, each output of a response (TENSOR_BACKEND_OUTPUT)."""
+        if self.tensors:
+            for tensor in outputs:
+                self.tensor("TENSOR_BACKEND_OUTPUT", tensor)
+
+    def responder(self, responder: Callable[[Any, bool], None]) -> Callable[[Any, bool], None]:
+        """A decoupled request's ``responder`` that also records each response's outputs."""
+        def traced(item: Any, final: bool) -> None:
+            if item is not None and hasattr(item, "outputs"):
+                self.responded(item.outputs)
+            responder(item, final)
+
+        return traced
+
+    def identity(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
             "id": self.id,
             "model_name": self.model_name,
             "model_version": int(self.model_version) if self.model_version.isdigit() else self.model_version,
-            "request_id": self.request_id,
-            "timestamps": [{"name": n, "ns": ns} for n, ns in self.timestamps],
         }
+        if self.request_id:
+            record["request_id"] = self.request_id
+        if self.parent_id:
+            record["parent_id"] = self.parent_id
+        return record
+
+    def as_records(self) -> list[dict[str, Any]]:
+        return [self.identity(), *self.records]
+
+    def stamped(self) -> list[tuple[str, int]]:
+        """(name, ns) of each timestamp."""
+        return [(r["timestamps"][0]["name"], r["timestamps"][0]["ns"]) for r in self.records if "timestamps" in r]
+
+
+class _Setting:
+    """One live setting (Triton's TraceSetting): its config, sampling counter and traces not yet saved."""
+
+    __slots__ = ("buffer", "config", "retired", "seen")
+
+    def __init__(self, config: TraceConfig) -> None:
+        self.config = config
+        self.seen = 0
+        #: finished traces' records, saved together as ``<file>.<n>`` every ``log_frequency`` traces
+        self.buffer: list[list[dict[str, Any]]] = []
+        self.retired = False
 
 
 class Tracer:
-    """Global and per-model trace settings, sampling, and the trace sinks."""
+    """Global and per-model trace settings, sampling, and the trace sink."""
 
     def __init__(self, config: TraceConfig, *, otel_tracer: Any = None) -> None:
-        self.config = config
         #: the startup settings: a global setting cleared through the API (a null value) returns to them
         self.initial = config
-        self.models: dict[str, TraceConfig] = {}
-        self.enabled = config.enabled
-        self._seen: dict[str, int] = {}
+        self.global_setting = _Setting(config)
+        #: per model: the fields set for it (the rest follow the global setting) and its live setting
+        self.overrides: dict[str, dict[str, Any]] = {}
+        self.model_settings: dict[str, _Setting] = {}
+        self.enabled = not config.invalid
         self._next_id = 1
+        self._lock = threading.Lock()
         self._sink = TraceSink(config, otel_tracer=otel_tracer)
 
+    @property
+    def config(self) -> TraceConfig:
+        return self.global_setting.config
+
     def settings(self, model: str = "") -> dict[str, Any]:
-        return self.models.get(model, self.config).as_dict() if model else self.config.as_dict()
+        return self.model_settings.get(model, self.global_setting).config.as_dict()
 
     def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """Apply API changes (a None value resets a model's setting to the global one)."""
-        if model:
-            current = self.models.get(model, self.config)
-            if any(v is None for v in changes.values()):
-                current = _updated(current, {k: getattr(self.config, _FIELD[k]) for k, v in changes.items()
-                                             if v is None and k in _FIELD})
-            self.models[model] = _updated(current, {k: v for k, v in changes.items() if v is not None})
-        else:
-            # as Triton: a null clears the setting back to its startup value (it was ignored)
-            cleared = {k: getattr(self.initial, _FIELD[k]) for k, v in changes.items() if v is None and k in _FIELD}
-            self.config = _updated(self.config, {**cleared, **{k: v for k, v in changes.items() if v is not None}})
-        self.enabled = self.config.enabled or any(c.enabled for c in self.models.values())
+        """Apply API changes (a None value clears a field: a model's follows the global setting again)."""
+        if "trace_file" in changes:  # refused before a null could clear it
+            _updated(self.config, {"trace_file": changes["trace_file"]})
+        with self._lock:
+            if model:
+                overrides = {**self.overrides.get(model, {}), **changes}
+                overrides = {k: v for k, v in overrides.items() if v is not None}
+                config = _updated(self.config, overrides)
+                if config.invalid and config.enabled:
+                    raise InvalidArgumentError(f"Attempting to set invalid trace setting :{config.invalid}")
+                self._retire(self.model_settings.pop(model, None))
+                self.overrides.pop(model, None)
+                if overrides:
+                    self.overrides[model] = overrides
+                    self.model_settings[model] = _Setting(config)
+            else:
+                cleared = {k: getattr(self.initial, _FIELD[k]) for k, v in changes.items() if v is None and k in _FIELD}
+                config = _updated(self.config, {**cleared, **{k: v for k, v in changes.items() if v is not None}})
+                if config.invalid and config.enabled:
+                    raise InvalidArgumentError(f"Attempting to set invalid trace setting :{config.invalid}")
+                # the models' settings are made again on the new global one (a model whose own fields no longer
+                # make a valid setting samples nothing, as in tritonserver)
+                models = {name: _updated(config, self.overrides[name]) for name in self.model_settings}
+                self._retire(self.global_setting)
+                self.global_setting = _Setting(config)
+                for name, model_config in models.items():
+                    self._retire(self.model_settings[name])
+                    self.model_settings[name] = _Setting(model_config)
+            self.enabled = not self.config.invalid or any(not s.config.invalid for s in self.model_settings.values())
         return self.settings(model)
 
-    def start(self, model: str, version: str, request_id: str, arrival_ns: int) -> Trace | None:
-        """A Trace for this request if its model's settings sample it, else None."""
-        config = self.models.get(model, self.config)
-        if not config.enabled or config.count == 0:
-            return None
-        seen = self._seen.get(model, 0) + 1
-        self._seen[model] = seen
-        if (seen - 1) % config.rate:
-            return None
-        if config.count > 0:
-            config = replace(config, count=config.count - 1)
-            if model in self.models:
-                self.models[model] = config
+    def start(self, model: str, version: str, request_id: str, arrival_ns: int, parent: Trace | None = None
+              ) -> Trace | None:
+        """A Trace for this request if its model's setting samples it (a composing model's request of a traced
+        ensemble request always is, as its child), else None."""
+        with self._lock:
+            if parent is not None:
+                setting, parent_id = parent.setting, parent.id
             else:
-                self.config = config
-        trace = Trace(self._next_id, model, version, request_id)
-        self._next_id += 1
+                setting, parent_id = self.model_settings.get(model, self.global_setting), 0
+                config = setting.config
+                if config.invalid or config.count == 0:
+                    return None
+                setting.seen += 1
+                if setting.seen % config.rate:
+                    return None
+                if config.count > 0:
+                    setting.config = replace(config, count=config.count - 1)
+            trace_id = self._next_id
+            self._next_id += 1
+        level = setting.config.level
+        trace = Trace(trace_id, model, version, request_id, parent_id, "TIMESTAMPS" in level, "TENSORS" in level,
+                      setting)
         trace.stamp("REQUEST_START", arrival_ns)
         return trace
 
-    def finish(self, trace: Trace) -> None:
+    def finish(self, trace: Trace, response: Any = None) -> None:
+        """End ``trace``: its response's outputs (a unary request), INFER_RESPONSE_COMPLETE (not for an ensemble's
+        composing model: its response stays inside the server), REQUEST_END; then write it."""
+        if response is not None:
+            trace.responded(response.outputs)
+        if not trace.parent_id:
+            trace.stamp("INFER_RESPONSE_COMPLETE")
         trace.stamp("REQUEST_END")
-        self._sink.write(trace, self.models.get(trace.model_name, self.config))
+        self._sink.write(trace, trace.setting)
+
+    def _retire(self, setting: _Setting | None) -> None:
+        if setting is not None:
+            setting.retired = True
+            self._sink.flush(setting)
 
     def close(self) -> None:
+        for setting in (self.global_setting, *self.model_settings.values()):
+            self._sink.flush(setting)
         self._sink.close()
 
 
-_FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
-
-
 class TraceSink:
-    """Writes finished traces: a JSON array file (rotated every ``log_frequency`` traces) or OTel spans."""
+    """Writes finished traces: one JSON array in ``file`` (valid after every trace; appended, not rewritten)
+    or ``file.<n>`` every ``log_frequency`` traces of a setting; or OTel spans."""
 
     def __init__(self, config: TraceConfig, *, otel_tracer: Any = None) -> None:
         self.file = config.file
         self.mode = config.mode
-        self._buffer: list[dict[str, Any]] = []
-        self._written: list[dict[str, Any]] = []
+        self._handle: Any = None
         self._index = 0
         self._lock = threading.Lock()
         self._otel: Any = otel_tracer
         if self.mode == "opentelemetry" and otel_tracer is None:
             self._otel = _otel_tracer(config)
 
-    def write(self, trace: Trace, config: TraceConfig) -> None:
+    def write(self, trace: Trace, setting: _Setting) -> None:
         if self._otel is not None:
             _emit_span(self._otel, trace)
             return
         if not self.file:
             return
+        records = trace.as_records()
         with self._lock:
-            if config.log_frequency > 0:
-                self._buffer.append(trace.as_dict())
-                if len(self._buffer) >= config.log_frequency:
-                    self._dump(f"{self.file}.{self._index}", self._buffer)
-                    self._index += 1
-                    self._buffer = []
+            if setting.config.log_frequency > 0:
+                setting.buffer.append(records)
+                if setting.retired or len(setting.buffer) >= setting.config.log_frequency:
+                    self._save_indexed(setting)
             else:
-                self._written.append(trace.as_dict())
-                self._dump(self.file, self._written)
+                self._append(records)
 
-    @staticmethod
-    def _dump(path: str, traces: list[dict[str, Any]]) -> None:
+    def flush(self, setting: _Setting) -> None:
+        with self._lock:
+            if setting.buffer and self.file:
+                self._save_indexed(setting)
+
+    def _save_indexed(self, setting: _Setting) -> None:
+        records = [record for trace in setting.buffer for record in trace]
+        setting.buffer = []
+        path = f"{self.file}.{self._index}"
+        self._index += 1
         try:
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump(traces, handle)
+                json.dump(records, handle, separators=(",", ":"))
         except OSError as exc:
             log.error("cannot write trace file %s: %s", path, exc)
 
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        text = ",".join(json.dumps(r, separators=(",", ":")) for r in records).encode()
+        try:
+            if self._handle is None:
+                self._handle = open(self.file, "wb")  # noqa: SIM115 - kept open for the server's life
+                self._handle.write(b"[" + text + b"]")
+            else:
+                self._handle.seek(-1, 2)  # over the closing bracket
+                self._handle.write(b"," + text + b"]")
+            self._handle.flush()
+        except OSError as exc:
+            log.error("cannot write trace file %s: %s", self.file, exc)
+
     def close(self) -> None:
         with self._lock:
-            if self._buffer and self.file:
-                self._dump(f"{self.file}.{self._index}", self._buffer)
-                self._buffer = []
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
 
 
 def _otel_tracer(config: TraceConfig) -> Any:
@@ -273,7 +465,9 @@ def _otel_tracer(config: TraceConfig) -> Any:
     attributes = dict(item.split("=", 1) for item in config.otel_resource if "=" in item)
     provider = TracerProvider(resource=Resource.create({"service.name": "ferry", **attributes}))
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.otel_url)))
     except ImportError:
@@ -284,14 +478,16 @@ def _otel_tracer(config: TraceConfig) -> Any:
 def _emit_span(tracer: Any, trace: Trace) -> None:
     # monotonic ns -> wall-clock ns, as OpenTelemetry wants epoch times
     offset = time.time_ns() - time.monotonic_ns()
-    start = trace.timestamps[0][1] + offset
-    end = trace.timestamps[-1][1] + offset
+    stamps = trace.stamped()
+    if not stamps:
+        return
     span = tracer.start_span(
         "InferRequest",
-        start_time=start,
+        start_time=stamps[0][1] + offset,
         attributes={"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
-                    "triton.trace_id": trace.id, "triton.request_id": trace.request_id},
+                    "triton.trace_id": trace.id, "triton.trace_parent_id": trace.parent_id,
+                    "triton.request_id": trace.request_id},
     )
-    for name, ns in trace.timestamps:
+    for name, ns in stamps:
         span.add_event(name, timestamp=ns + offset)
-    span.end(end_time=end)
+    span.end(end_time=stamps[-1][1] + offset)

@@ -240,13 +240,15 @@ class Engine:
         except ServerError:
             if latency is not None:
                 latency.responded(time.monotonic_ns() - request.arrival_ns)
+            if trace is not None:
+                self.tracer.finish(trace)
             raise
         if latency is not None:
             latency.responded(time.monotonic_ns() - request.arrival_ns)
+        if trace is not None:
+            self.tracer.finish(trace, response)
         if response is not None and plan is not None:
             outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)
-        if trace is not None:
-            self.tracer.finish(trace)
         return response
 
     def _admit(self, request: InferRequest) -> tuple[Any, outputs.OutputPlan | None, Any]:
@@ -268,10 +270,6 @@ class Engine:
             )
         if request.parameters:  # the front end's check in Triton: refused before the model's statistics see it
             check_request_parameters(request.parameters)
-        trace = (
-            self.tracer.start(model.name, model.version_str, request.id, request.arrival_ns)
-            if self.tracer.enabled else None
-        )
         plan = None
         # a request refused here never reaches the model's scheduler: as in tritonserver, no statistic counts it
         # (nv_inference_request_failure stays as it was; "REJECTED" counts the scheduler's rejections)
@@ -282,8 +280,14 @@ class Engine:
         if request.outputs:
             plan = outputs.plan_outputs(request.outputs, self.shm)
         model.validate(request)
+        # request.trace: an ensemble step's parent trace until here, then the request's own (schedulers stamp it);
+        # a request refused above is not traced
+        trace = request.trace = (
+            self.tracer.start(model.name, model.version_str, request.id, request.arrival_ns, request.trace)
+            if self.tracer.enabled else None
+        )
         if trace is not None:
-            trace.stamp("QUEUE_START")
+            trace.queued(request.inputs)
         request.model_version = model.version_str
         if request.cancelled is None:
             request.cancelled = CancelFlag()
@@ -327,6 +331,8 @@ class Engine:
         request.responder = responder
         # refused here (validation, shared memory...) before the model sees it: the error ends the stream
         model, plan, trace = self._admit(request)
+        if trace is not None:
+            request.responder = trace.responder(responder)
         task = asyncio.create_task(self._execute_decoupled(model, request, trace))
 
         def failed(done: asyncio.Task) -> None:
@@ -376,9 +382,11 @@ class Engine:
                 task.cancel()
 
     async def _execute_decoupled(self, model: Any, request: InferRequest, trace: Any) -> None:
-        await self._submit(model, request)
-        if trace is not None:
-            self.tracer.finish(trace)
+        try:
+            await self._submit(model, request)
+        finally:
+            if trace is not None:
+                self.tracer.finish(trace)
 
     def infer_from_thread(self, request: InferRequest) -> InferResponse:
         """Blocking inference from a model instance thread (python BLS)."""

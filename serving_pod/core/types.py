@@ -66,6 +66,9 @@ class InferRequest:
     #: set by an ensemble on its steps' requests (``statistics.StepCompute``): also charged the compute times the
     #: request is charged by its model (Triton's secondary statistics aggregator)
     stats_sink: Any = None
+    #: the request's ``trace.Trace`` once the engine sampled it (None untraced); on an ensemble step's request
+    #: before admission, the ensemble request's trace (its parent)
+    trace: Any = None
 
 
 @dataclass(slots=True)

@@ -231,6 +231,7 @@ class EnsembleScheduler:
             cancelled=request.cancelled,
             custom_reserved=request.custom_reserved,
             stats_sink=compute,
+            trace=request.trace,  # the engine traces the step as its child
         )
         response = await self.engine.infer(step_request)
         return response, (inputs[0].data.shape[0] if batching and inputs else 0)

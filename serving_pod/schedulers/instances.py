@@ -307,6 +307,8 @@ class InstancePool:
         request_ns: list[int] = []
         queue_ns: list[int] = []
         for request, result in zip(requests, results):
+            if request.trace is not None:
+                request.trace.computed(dispatch_ns, start_ns, end_ns, done_ns)
             size = self.batch_size_of(request)
             batch_size += size
             if isinstance(result, ServerError) and not result.sent_as_response:

@@ -8,11 +8,11 @@ import logging
 import httpx
 import numpy as np
 import pytest
+from support.server import test_model_config, write_model
 from tritonclient.utils import InferenceServerException
 
 from serving_pod.logging_settings import LogSettings
 from serving_pod.trace import TraceConfig, Tracer, parse_trace_config
-from support.server import test_model_config, write_model
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -39,6 +39,24 @@ def _infer(server, protocol, model="idt", count=1):
         client.infer(model, [infer_input], request_id="r1")
 
 
+def traces_of(path) -> dict[int, dict]:
+    """Triton's trace file grouped by trace id: the identity fields, ``timestamps`` ({name, ns} in file order),
+    ``names`` (their names) and ``tensors`` ((activity, tensor) pairs)."""
+    traces: dict[int, dict] = {}
+    for record in json.loads(path.read_text()):
+        trace = traces.setdefault(record["id"], {"timestamps": [], "tensors": []})
+        if "timestamps" in record:
+            trace["timestamps"] += record["timestamps"]
+        elif "activity" in record:
+            trace["tensors"].append((record["activity"], record["tensor"]))
+        else:
+            assert not trace.keys() & record.keys() - {"id"}, record  # one identity record per trace
+            trace.update(record)
+    for trace in traces.values():
+        trace["names"] = [t["name"] for t in trace["timestamps"]]
+    return traces
+
+
 def _settings(value, protocol):
     if protocol == "http":
         return value
@@ -61,19 +79,20 @@ def test_trace_settings_and_trace_file(server, protocol, trace_file):
     _infer(server, protocol, count=4)
     _infer(server, protocol, model="other", count=2)  # not traced: its setting is the global OFF
 
-    traces = json.loads(trace_file.read_text())
+    traces = traces_of(trace_file)
     assert len(traces) == 2  # every 2nd of 4 requests
-    names = [t["name"] for t in traces[0]["timestamps"]]
-    assert names == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
-    ns = [t["ns"] for t in traces[0]["timestamps"]]
+    first, second = traces.values()
+    assert first["names"] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                              "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+    ns = [t["ns"] for t in first["timestamps"]]
     assert ns == sorted(ns) and ns[0] > 0
-    assert {t["model_name"] for t in traces} == {"idt"} and traces[0]["model_version"] == 1
-    assert traces[0]["request_id"] == "r1" and traces[0]["id"] != traces[1]["id"]
+    assert {t["model_name"] for t in traces.values()} == {"idt"} and first["model_version"] == 1
+    assert first["request_id"] == "r1" and first["id"] != second["id"]
 
     # count limits the number of traces; a null value resets a model setting to the global one
     client.update_trace_settings(model_name="idt", settings={"trace_rate": "1", "trace_count": "1"})
     _infer(server, protocol, count=3)
-    assert len(json.loads(trace_file.read_text())) == 3
+    assert len(traces_of(trace_file)) == 3
     reset = _settings(client.update_trace_settings(model_name="idt", settings={"trace_level": None}), protocol)
     assert reset["trace_level"] == ["OFF"]
 
@@ -171,13 +190,15 @@ def test_log_frequency_rotates_trace_files(tmp_path):
     for _ in range(5):
         tracer.finish(tracer.start("m", "1", "", 1))
     tracer.close()
-    assert [len(json.loads((tmp_path / f"t.json.{i}").read_text())) for i in range(3)] == [2, 2, 1]
+    assert [len(traces_of(tmp_path / f"t.json.{i}")) for i in range(3)] == [2, 2, 1]
 
 
 def test_opentelemetry_mode_exports_spans():
     sdk = pytest.importorskip("opentelemetry.sdk.trace")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
 
     exporter = InMemorySpanExporter()
     provider = sdk.TracerProvider()
@@ -189,7 +210,7 @@ def test_opentelemetry_mode_exports_spans():
     tracer.finish(trace)
     (span,) = exporter.get_finished_spans()
     assert span.name == "InferRequest" and span.attributes["triton.model_name"] == "idt"
-    assert [e.name for e in span.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert [e.name for e in span.events] == ["REQUEST_START", "QUEUE_START", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
 
 
 def _grpc_stub(server):
