@@ -183,8 +183,9 @@ class CustomMetricsCollector:
 class PinnedMemoryCollector:
     """``nv_pinned_memory_pool_{total,used}_bytes``, which Triton exports on every server, CPU-only ones too.
 
-    Ferry keeps no pinned host memory pool (``--pinned-memory-pool-byte-size`` has no effect), so both read 0:
-    what Triton reports before its pool is allocated, and what a dashboard keyed on the names expects to find.
+    Ferry keeps no pinned host memory pool (``--pinned-memory-pool-byte-size`` has no effect), so both read 0.
+    Triton 2.51 reads 0 until its first metrics poll, then the configured pool size (256 MiB by default) as the
+    total, even on a CPU-only host where it holds no pool; Ferry keeps to what it holds.
     """
 
     def collect(self) -> Iterator[Metric]:

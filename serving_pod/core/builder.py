@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving_pod.backends.base import InstanceContext, VersionLoadError
 from serving_pod.backends.registry import get_backend
 from serving_pod.core import updates
-from serving_pod.core.latency_metrics import LatencyMetricsSettings, LatencyRecorder, first_response_buckets
+from serving_pod.core.latency_metrics import LatencyMetricsSettings, recorder_for
 from serving_pod.core.load_errors import VersionsUnavailable, version_reason
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
@@ -191,11 +191,8 @@ class VersionBuilder:
         else:
             stats = ModelStats(config.name, str(version))
             stats.load_duration_s = duration
-            settings = self.latency_metrics
-            if settings.per_request:
-                buckets = first_response_buckets(config) if settings.histogram_latencies else ()
-                stats.latency = LatencyRecorder(settings, cache_enabled=config.response_cache.enable,
-                                                first_response_buckets=buckets)
+            if self.latency_metrics.per_request:
+                stats.latency = recorder_for(self.latency_metrics, config)
         model = Model(config, version, scheduler=None, stats=stats)  # type: ignore[arg-type]
         model.model_dir = model_dir
         pool = None

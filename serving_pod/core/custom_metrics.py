@@ -12,6 +12,11 @@ an owner (a model instance): a series lives while a metric handle uses it, a fam
 its handles is open, and ``release(owner)`` (the instance is unloaded) closes the owner's
 handles, so its series leave ``/metrics``. Families without series are not exported.
 
+Unlike Triton, a model cannot take the name of one of the server's own families (``SERVER_FAMILIES``):
+Triton 2.51 hands the model its own ``nv_inference_count`` (the model then counts into the server's
+series), where Ferry would print the name twice and break the whole scrape; the name is refused instead.
+For the same reason a histogram's bounds must be finite and its labels cannot include ``le``.
+
 Messages are the core's (the python backend adds Triton's prefixes). Handles are plain ints, so
 an isolated model's process can hold them.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -36,6 +42,26 @@ _DELETED = (
     "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
     "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
 )
+
+
+#: every family the server exports itself (``metrics``, ``core.latency_metrics``), whatever its options
+SERVER_FAMILIES = frozenset({
+    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
+    "nv_inference_request_duration_us", "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+    "nv_inference_pending_request_count", "nv_model_load_duration_secs",
+    "nv_cache_num_hits_per_model", "nv_cache_hit_duration_per_model", "nv_cache_num_misses_per_model",
+    "nv_cache_miss_duration_per_model",
+    "nv_inference_request_summary_us", "nv_inference_queue_summary_us", "nv_inference_compute_input_summary_us",
+    "nv_inference_compute_infer_summary_us", "nv_inference_compute_output_summary_us",
+    "nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model", "nv_inference_first_response_histogram_ms",
+    "nv_cache_util", "nv_cache_num_entries", "nv_cache_num_hits", "nv_cache_num_misses", "nv_cache_num_lookups",
+    "nv_cache_num_evictions", "nv_cache_lookup_duration", "nv_cache_insertion_duration",
+    "nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes",
+    "nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes",
+    "nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage",
+    "nv_gpu_power_limit", "nv_energy_consumption",
+})
 
 
 class MetricError(InvalidArgumentError):
@@ -125,6 +151,8 @@ class CustomMetrics:
             raise MetricError("Unsupported kind passed to MetricFamily constructor.")
         if not isinstance(name, str) or not _METRIC_NAME.match(name):
             raise MetricError("Invalid metric name")
+        if name in SERVER_FAMILIES:
+            raise MetricError(f"Family name already exists: '{name}' is one of the server's own metric families")
         with self._lock:
             self._reap()
             family = self._families.get(name)
@@ -140,14 +168,18 @@ class CustomMetrics:
     def new_metric(self, family_handle: int, labels: dict[str, str], buckets: list[float] | None = None) -> int:
         key = label_key(labels)
         bounds = tuple(float(b) for b in buckets or ())
-        if any(a > b for a, b in zip(bounds, bounds[1:])):
+        if any(a >= b for a, b in itertools.pairwise(bounds)):  # Triton refuses [1, 1] too
             raise MetricError("Bucket Boundaries must be strictly sorted")
+        if not all(map(math.isfinite, bounds)):  # Triton prints le="Nan" and a second +Inf bucket
+            raise MetricError("Bucket Boundaries must be finite numbers")
         with self._lock:
             self._reap()
             owner = self._family_handles.get(family_handle)
             if owner is None:
                 raise MetricError(_DELETED)
             family = owner.family
+            if family.kind == HISTOGRAM and "le" in labels:  # Triton prints the label twice on every bucket
+                raise MetricError("Invalid label name: 'le' is the histogram's bucket label")
             series = family.series.get(key)
             if series is None:
                 counts = [0] * (len(bounds) + 1) if family.kind == HISTOGRAM else []

@@ -4,8 +4,10 @@
 core): ``counter_latencies=false`` drops the cumulative ``nv_inference_*_duration_us`` counters (and the
 cache counters), ``summary_latencies=true`` adds the ``nv_inference_*_summary_us`` summaries (and
 ``nv_cache_{hit,miss}_summary_per_model`` for models with the response cache), ``histogram_latencies=true``
-adds ``nv_inference_first_response_histogram_ms``, and ``summary_quantiles=<q>:<error>,...`` sets the
-quantiles. Only the exact words ``true`` / ``false`` switch a setting, as in Triton.
+adds ``nv_inference_first_response_histogram_ms`` for decoupled models only (Triton's core after 2.51 does
+so "to reduce metric output"; 2.51 itself has no histogram), and ``summary_quantiles=<q>:<error>,...`` sets
+the quantiles. Only the exact words ``true`` / ``false`` switch a setting, as in Triton. A model version
+with nothing to record gets no ``LatencyRecorder`` (``recorder_for``), so its requests pay nothing.
 
 Values are Triton's: summaries observe whole microseconds (``ns // 1000``) per request, the histogram whole
 milliseconds from the request's arrival to its first response (success or error, after validation). Its
@@ -30,7 +32,7 @@ import random
 import time
 from array import array
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -127,8 +129,11 @@ def parse_quantiles(text: str) -> tuple[tuple[tuple[float, float], ...], list[st
         except ValueError:
             problems.append(f"summary_quantiles: invalid option [{item}]: not two numbers")
             continue
-        if not (0.0 <= q <= 1.0 and 0.0 <= e <= 1.0):
-            problems.append(f"summary_quantiles: invalid option [{item}]: quantile and error must be in [0, 1]")
+        # Triton takes any pair (a quantile of 1.5 is exported as such); an error over 1 only loosens its estimate,
+        # and Ferry's quantiles are exact, so only the quantile and a negative error are refused
+        if not (0.0 <= q <= 1.0 and e >= 0.0):
+            problems.append(f"summary_quantiles: invalid option [{item}]: the quantile must be in [0, 1] and the "
+                            "error not negative")
             continue
         pairs.append((q, e))
     return tuple(pairs), problems
@@ -312,6 +317,22 @@ class LatencyRecorder:
         """A request's first response, ``since_arrival_ns`` after it arrived."""
         if self.first_response is not None:
             self.first_response.observe(since_arrival_ns // 1_000_000)
+
+
+def recorder_for(settings: LatencyMetricsSettings, config: Any) -> LatencyRecorder | None:
+    """The recorder of one model version, or None when ``settings`` record nothing for it.
+
+    The first-response histogram is kept for decoupled models only, as Triton's core does: a model that
+    sends one response has it in ``nv_inference_request_duration_us`` already.
+    """
+    # the model's buckets are checked (a load error) whether or not the model gets a histogram
+    buckets = first_response_buckets(config) if settings.histogram_latencies else ()
+    histogram = settings.histogram_latencies and bool(config.model_transaction_policy.decoupled)
+    if not (settings.summary_latencies or histogram):
+        return None
+    if not histogram:
+        settings = replace(settings, histogram_latencies=False)
+    return LatencyRecorder(settings, cache_enabled=config.response_cache.enable, first_response_buckets=buckets)
 
 
 def first_response_buckets(config: Any) -> tuple[float, ...]:

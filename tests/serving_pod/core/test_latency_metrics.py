@@ -54,7 +54,7 @@ def test_switches_and_quantiles_parse_as_triton_does():
     ([("summary_quantiles", "0.5:0.05,0.9")], LatencyMetricsSettings(summary_quantiles=((0.5, 0.05),)),
      "invalid option [0.9]. No ':' delimiter found"),
     ([("summary_quantiles", "x:0.1")], LatencyMetricsSettings(), "invalid option [x:0.1]: not two numbers"),
-    ([("summary_quantiles", "1.5:0.1")], LatencyMetricsSettings(), "quantile and error must be in [0, 1]"),
+    ([("summary_quantiles", "1.5:0.1")], LatencyMetricsSettings(), "the quantile must be in [0, 1] and the error not negative"),
 ])
 def test_bad_settings_are_ignored_with_a_warning(pairs, expected, warning):
     settings, warnings = parse_metrics_config(pairs)
