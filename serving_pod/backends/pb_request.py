@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from serving_pod.backends.pb_tensor import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     Tensor,
@@ -27,6 +28,32 @@ from serving_pod.backends.pb_tensor import (
 )
 
 _NO_OUTPUTS: list = []  # the default of ``InferenceResponse(output_tensors=...)``: never handed out
+
+#: Triton's words for a request released with RESCHEDULE by a model that is not an iterative sequence
+RESCHEDULE_REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                      "configured to handle such a flag.")
+
+
+class Rescheduled:
+    """An instance's answer for a request its model released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``
+    (python backend README, "Request Rescheduling"): the sequence batcher of an iterative sequence queues the
+    same request again, on the same sequence slot, instead of answering it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULED"
+
+
+RESCHEDULED = Rescheduled()
+
+
+def binding_type(value: Any) -> str:
+    """``str(type(value))`` as Triton's stub prints it: its own classes live in ``c_python_backend_utils``."""
+    kind = type(value)
+    if kind.__module__ == __name__:
+        return f"<class 'c_python_backend_utils.{kind.__name__}'>"
+    return str(kind)
 
 # --------------------------------------------------------------------------- responses
 
@@ -132,15 +159,17 @@ class InferenceResponse:
 class InferenceResponseSender:
     """What ``request.get_response_sender()`` returns: ``send(response=None, flags=0)``."""
 
-    __slots__ = ("_request", "_closed", "_sent", "_lock", "_answered")
+    __slots__ = ("_request", "_closed", "_sent", "_lock", "_answered", "_waiter")
 
     def __init__(self, request: "InferenceRequest") -> None:
         self._request = request
         self._closed = False
         self._sent = 0
         self._lock = threading.Lock()
-        #: set at the first send of a non-decoupled model (its one answer, or its final flag)
-        self._answered = threading.Event()
+        #: non-decoupled: its one answer was delivered (``request._result`` holds it)
+        self._answered = False
+        #: non-decoupled: called once the answer is delivered (``when_answered``)
+        self._waiter: Callable[[], None] | None = None
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
@@ -175,17 +204,21 @@ class InferenceResponseSender:
             self._sent += 1
         link.deliver(self._request, response, final)
         if not link.decoupled:
-            self._answered.set()
+            with self._lock:
+                self._answered = True
+                waiter, self._waiter = self._waiter, None
+            if waiter is not None:
+                waiter()
 
-    def answered(self) -> bool:
-        return self._closed or self._answered.is_set()
-
-    def wait_answered(self, stop: Callable[[], bool]) -> None:
-        """Non-decoupled: block until the model sent its answer (after ``execute`` returned None, as Triton
-        waits for it), the final flag, or ``stop()`` (the request was cancelled or the model unloads)."""
-        while not self._closed and not self._answered.wait(0.1):
-            if stop():
-                return
+    def when_answered(self, callback: Callable[[], None]) -> bool:
+        """Non-decoupled, after ``execute`` returned None for this request: call ``callback`` (on the sending
+        thread) once the model sent its answer, as Triton waits for it with the instance free for the next
+        ``execute``. False when it is answered already (``callback`` is not called)."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._waiter = callback
+            return True
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
@@ -209,7 +242,8 @@ class InferenceRequest:
     then ``.exec()`` (or ``.exec(decoupled=True)`` -> iterator) or ``await .async_exec()``.
     """
 
-    __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result", "_parameters_text")
+    __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result", "_parameters_text",
+                 "_release_flags")
 
     def __init__(
         self,
@@ -241,6 +275,7 @@ class InferenceRequest:
         self._engine: Any = current_engine(sys._getframe(1))
         self._flags_override: int | None = None
         self._result: Any = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         #: a request the model builds reads its parameters back as Triton's binding wrote them: ``json.dumps``
         self._parameters_text: str | None = json.dumps(parameters) if parameters else "{}"
 
@@ -256,6 +291,7 @@ class InferenceRequest:
         request._flags_override = None
         request._result = None
         request._parameters_text = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     # model-side accessors -------------------------------------------------------------
@@ -318,8 +354,15 @@ class InferenceRequest:
         return cancelled is not None and cancelled.is_set()
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("Request rescheduling is not supported by this server.")
+        """How the request is released when ``execute`` returns: ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` runs it
+        again in a later batch (``Rescheduled``), where the model is configured for it (an iterative sequence)."""
+        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags < 2**32:
+            raise TypeError("set_release_flags(): incompatible function arguments. The following argument types are "
+                            "supported:\n    1. (self: c_python_backend_utils.InferenceRequest, arg0: int) -> None")
+        self._release_flags = flags
+
+    def _rescheduled(self) -> bool:
+        return bool(self._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
     # BLS ----------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:

@@ -9,6 +9,11 @@ are per instance (as with Triton's one stub process per instance) and two models
 ship ``model.py`` or a helper ``utils.py`` next to it never clash. ``async def execute`` runs
 on a per-instance event loop in the calling thread; for decoupled models it runs in the
 background (as Triton does), so the instance can take the next batch while responses flow.
+
+A non-decoupled model may also return None for a request and answer it later through
+``request.get_response_sender()``: ``execute`` then gives a ``concurrent.futures.Future`` for that
+request, set when the model sends (``schedulers.instances`` hands it to the caller), and the
+instance is free for the next ``execute`` meanwhile, as in Triton.
 """
 
 from __future__ import annotations
@@ -18,20 +23,26 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import re
 import sys
 import threading
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from serving_pod.backends import pb_utils
+from serving_pod.backends import pb_utils, python_argv
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.pb_request import (
+    RESCHEDULE_REFUSED,
+    RESCHEDULED,
     bind_thread,
+    binding_type,
     register_module,
     running_model_dir,
     set_serving,
@@ -45,6 +56,8 @@ from serving_pod.core.types import InferRequest, InferResponse
 _log = logging.getLogger(__name__)
 _load_lock = threading.Lock()
 _counter = itertools.count(1)
+#: how long an unload waits for the answers a non-decoupled model still owes through its response senders
+UNLOAD_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +90,12 @@ class ModelSpec:
 
 
 def install_pb_utils() -> None:
-    """Make ``import triton_python_backend_utils`` resolve to our module, and sibling imports made while a
-    model runs find its version directory (``_VersionDirFinder``)."""
+    """Make ``import triton_python_backend_utils`` resolve to our module, sibling imports made while a
+    model runs find its version directory (``_VersionDirFinder``), and model code see ``sys.argv`` as
+    in Triton's stub (``python_argv``)."""
     if sys.modules.get("triton_python_backend_utils") is not pb_utils:
         sys.modules["triton_python_backend_utils"] = pb_utils
+    python_argv.install()  # model code reads the stub's ``sys.argv`` (``[""]``), the server keeps its own
     if not any(isinstance(finder, _VersionDirFinder) for finder in sys.meta_path):
         sys.meta_path.append(_VersionDirFinder())
 
@@ -173,13 +188,23 @@ def unload_module(module: ModuleType | None) -> None:
     package = module.__name__.rpartition(".")[0]
     if package.startswith("_ferry_model_"):
         sys.modules.pop(package, None)
+        python_argv.forget(package)
+
+
+def _settle(later: Future, answer: Any) -> None:
+    """Set a ``PythonModelInstance._answer_later`` future unless its caller went away (cancelled) or it is set."""
+    try:
+        later.set_result(answer)
+    except InvalidStateError:
+        pass
 
 
 class _BackgroundLoop:
-    """An event loop on its own daemon thread (decoupled ``async def execute``)."""
+    """An event loop on its own daemon thread (decoupled ``async def execute``, or the instance's own loop once
+    an ``async def execute`` left tasks running: they go on between executions, as on Triton's stub loop)."""
 
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop if loop is not None else asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
@@ -196,7 +221,8 @@ class _BackgroundLoop:
 class PythonModelInstance:
     """A loaded ``TritonPythonModel`` answering ``execute(list[InferRequest])``.
 
-    Non-decoupled models: returns one ``InferResponse`` or ``ServerError`` per request.
+    Non-decoupled models: returns one ``InferResponse`` or ``ServerError`` per request, or a ``Future`` of one
+    for a request the model answers later through its response sender (``_answer_later``).
     Decoupled models: returns a list of ``None`` (one per request) — every response, and any
     error raised by ``execute``, goes through each request's ``responder``; a request
     without a responder gets an ``UnsupportedError`` in the list instead.
@@ -209,6 +235,9 @@ class PythonModelInstance:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: _BackgroundLoop | None = None
         self._closed = False
+        #: answers a non-decoupled model owes through its response senders (``_answer_later``)
+        self._later: set[Future] = set()
+        self._later_lock = threading.Lock()
         self._module: ModuleType | None = None
         try:
             self._module = load_model_module(spec.model_file, spec.version_dir, spec.instance_name)
@@ -226,6 +255,8 @@ class PythonModelInstance:
         set_serving(self._owner, True)
         self._execute = self._model.execute
         self.inline_safe = self._never_blocks_on_engine()
+        #: ``sequence_batching { iterative_sequence: true }``: a request released with RESCHEDULE runs again
+        self._iterative = bool(json.loads(spec.config_json).get("sequence_batching", {}).get("iterative_sequence"))
 
     #: source fragments of models that call back into the engine (BLS, model loading) or stream responses
     _ENGINE_CALLS = (".exec(", "async_exec", "InferenceRequest(", "get_response_sender", "load_model(")
@@ -298,7 +329,13 @@ class PythonModelInstance:
                 f"objects. InferenceRequest(s) size is:{count}, and InferenceResponse(s) size "
                 f"is:{len(result)}\n",  # Triton's message ends its line
             )
-        for response in result:  # Triton fails the whole call, with its own wording, on a foreign object
+        for response, pb_request in zip(result, pb_requests):  # Triton fails the whole call, in its words
+            if response is not None and pb_request._rescheduled():
+                return self._fail_all(
+                    count,
+                    "Expected a None object in the execute function return list for reschduled request, "
+                    f"found type '{binding_type(response)}'.",  # sic: Triton's spelling
+                )
             if response is not None and not isinstance(response, pb_utils.InferenceResponse):
                 return self._fail_all(
                     count,
@@ -306,11 +343,17 @@ class PythonModelInstance:
                     f"found type '{type(response)}'.",
                 )
         to_domain = link.to_domain
-        answers: list[InferResponse | errors.ServerError] = []
+        answers: list[InferResponse | errors.ServerError | Future] = []
         for request, pb_request, response in zip(requests, pb_requests, result):
+            if pb_request._rescheduled():
+                answers.append(self._rescheduled())
+                continue
             sender = pb_request._sender
             if response is None and sender is not None and pb_request._result is None:
-                self._wait_answered(sender, pb_request)
+                later = self._answer_later(request, pb_request, sender)
+                if later is not None:
+                    answers.append(later)
+                    continue
             if pb_request._result is not None:  # a response sent before one returned wins (Triton)
                 response = pb_request._result
             if response is None:
@@ -321,23 +364,43 @@ class PythonModelInstance:
             answers.append(to_domain(request, response))
         return answers
 
-    def _wait_answered(self, sender: Any, pb_request: pb_utils.InferenceRequest) -> None:
-        """A non-decoupled ``execute`` returned None after taking a response sender: its answer comes later
-        (Triton waits for it), until the request is cancelled or the model unloads."""
+    def _answer_later(self, request: InferRequest, pb_request: pb_utils.InferenceRequest, sender: Any) -> Future | None:
+        """A non-decoupled ``execute`` returned None after taking a response sender: the answer comes when the model
+        sends it, and as in Triton the instance is free for the next ``execute`` meanwhile. A future of the domain
+        answer (set on the sending thread; cancelled by the caller when its client goes away), or None when the answer
+        is in already. An unload answers what is still owed after ``UNLOAD_GRACE_S`` (``close``)."""
+        later: Future = Future()
+        link = self._link
 
-        def stop() -> bool:
-            return self._closed or pb_request.is_cancelled()
+        def answered() -> None:
+            try:
+                answer: Any = link.to_domain(request, pb_request._result)
+            except Exception as exc:  # never into the model's send()
+                answer = errors.InternalError(f"python model '{self._spec.model_name}': {describe(exc)}")
+            _settle(later, answer)
 
-        loop = self._loop
-        if loop is None or loop.is_closed() or loop.is_running():
-            sender.wait_answered(stop)
-            return
+        with self._later_lock:
+            self._later.add(later)
+        later.add_done_callback(self._forget)
+        if not sender.when_answered(answered):
+            self._forget(later)
+            return None
+        return later
 
-        async def turn() -> None:  # tasks an async execute left behind may be the ones to answer
-            while not sender.answered() and not stop():
-                await asyncio.sleep(0.01)
+    def _forget(self, later: Future) -> None:
+        with self._later_lock:
+            self._later.discard(later)
 
-        loop.run_until_complete(turn())
+    def _fail_later(self) -> None:
+        """At unload: answer, with a clear error, what the model still owes through its response senders (Triton
+        leaves the client waiting and the model UNLOADING for good)."""
+        with self._later_lock:
+            owed, self._later = list(self._later), set()
+        for later in owed:
+            _settle(later, errors.UnavailableError(
+                f"model '{self._spec.model_name}' was unloaded before it sent a response through the response "
+                "sender of this request"
+            ))
 
     def _message(self, exc: BaseException | str) -> str:
         """Triton's wording; a misuse the backend found (a ``str``) carries no exception type."""
@@ -371,6 +434,10 @@ class PythonModelInstance:
             elif result is not None:
                 failure = self._fail_open(pb_requests, self._returned_a_value())
                 return [failure if answer is None else answer for answer in answers]
+            elif any(pb_request._rescheduled() for pb_request in pb_requests):  # only before execute returns
+                rescheduled = {id(r._domain) for r in pb_requests if r._rescheduled()}
+                answers = [self._rescheduled() if id(request) in rescheduled else answer
+                           for request, answer in zip(requests, answers)]
         except BaseException as exc:
             failure = self._fail_open(pb_requests, exc)
             return [failure if answer is None else answer for answer in answers]
@@ -378,6 +445,13 @@ class PythonModelInstance:
             if _lazy_imports:
                 forget_lazy_imports()
         return answers
+
+    def _rescheduled(self) -> Any:
+        """The answer for a request released with RESCHEDULE: queued again by an iterative sequence batcher;
+        elsewhere Triton's error (Triton 2.51 leaves such a request unanswered: its client hangs)."""
+        if self._iterative:
+            return RESCHEDULED
+        return errors.InvalidArgumentError(RESCHEDULE_REFUSED)
 
     def _background_done(self, future: Any, pb_requests: list[pb_utils.InferenceRequest]) -> None:
         if future.cancelled():
@@ -418,12 +492,24 @@ class PythonModelInstance:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            background = self._background
+            if background is not None and background.loop is self._loop:  # see _keep_running
+                return background.submit(coro).result()
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.new_event_loop()
-            return loop.run_until_complete(coro)
+            result = loop.run_until_complete(coro)
+            if background is None and asyncio.all_tasks(loop):
+                self._keep_running(loop)
+            return result
         # Called from inside a running loop: run_until_complete is impossible on this thread.
         return self._background_loop().submit(coro).result()
+
+    def _keep_running(self, loop: asyncio.AbstractEventLoop) -> None:
+        """An ``async def execute`` left tasks behind (one may answer through a response sender later): Triton's
+        stub loop runs them on between executions, so from now on this instance's loop runs on a thread of its
+        own and ``_run`` hands it each coroutine."""
+        self._background = _BackgroundLoop(f"python-model-{self._spec.instance_name}", loop)
 
     def _await(self, value: Any) -> Any:
         return self._run(value) if asyncio.iscoroutine(value) else value
@@ -439,6 +525,8 @@ class PythonModelInstance:
         if self._closed:
             return
         self._closed = True
+        if self._later:  # answers still owed through response senders: the model may send them a little later
+            wait_futures(list(self._later), timeout=UNLOAD_GRACE_S)
         bind_thread(self._engine, self._spec.version_dir, self._owner)
         set_serving(self._owner, False)
         finalize = getattr(self._model, "finalize", None)
@@ -449,9 +537,11 @@ class PythonModelInstance:
                 _log.exception("python model '%s': finalize failed", self._spec.model_name)
             finally:
                 forget_lazy_imports()
-        if self._background is not None:
-            self._background.stop()
-        if self._loop is not None:
+        self._fail_later()  # finalize may still have sent some
+        background = self._background
+        if background is not None:
+            background.stop()
+        if self._loop is not None and (background is None or background.loop is not self._loop):
             self._loop.close()
         self._release()
         unload_module(self._module)

@@ -190,7 +190,7 @@ class _Stub:
                 request.responder = partial(self._respond, key) if request.responder else None
                 request.cancelled = _RemoteFlag(self.channel, key) if request.cancelled else None
             try:
-                return results_to_wire(self.instance.execute(requests))
+                return results_to_wire(_answered(self.instance.execute(requests), requests))
             finally:
                 self.engine.custom_metrics.flush()
         if kind == "autocomplete":
@@ -224,6 +224,26 @@ class _Stub:
     def run(self) -> None:
         self.channel.serve()
         self.finalize()
+
+
+def _answered(results: list[Any], requests: list[Any]) -> list[Any]:
+    """The answers a model gives later through its response senders (``concurrent.futures.Future`` results), awaited
+    here: an isolated instance stays busy until they are in, or until the client of one goes away."""
+    from concurrent.futures import Future, TimeoutError
+
+    answered = []
+    for result, request in zip(results, requests):
+        while isinstance(result, Future):
+            try:
+                result = result.result(timeout=0.1)
+            except TimeoutError:
+                if request.cancelled is not None and request.cancelled.is_set():
+                    result.cancel()
+                    from serving_pod.core.errors import CancelledError
+
+                    result = CancelledError("the request was cancelled before the model answered it")
+        answered.append(result)
+    return answered
 
 
 def main(argv: list[str]) -> int:

@@ -45,19 +45,21 @@ class DefaultScheduler:
                 # completes without suspending: nothing can cancel it half-way, and the instance is
                 # free again before any other request runs
                 try:
-                    (result,) = await self.pool.execute(index, [request])
+                    (result,) = await self.pool.execute(index, [request], answers_later=True)
                 finally:
                     self.pool.release(index)
             else:
                 # shielded: a caller that goes away must not free the instance while it still executes,
                 # and the execution is still charged to the statistics
-                running = self.pool.execute(index, [request])  # started now, one loop turn sooner
+                running = self.pool.execute(index, [request], answers_later=True)  # started now, one loop turn sooner
                 execution = asyncio.ensure_future(self._finish(index, running))
                 (result,) = await asyncio.shield(execution)
         finally:
             self._inflight -= 1
             if not self._inflight:
                 self._idle_event.set()
+        if isinstance(result, asyncio.Future):  # answered after its execution (the instance is free already)
+            result = await result
         if isinstance(result, ServerError):
             raise result
         return result  # type: ignore[return-value]

@@ -39,6 +39,7 @@ from typing import Any, Awaitable, Callable, Iterator
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.clock import Clock, LoopClock, TimerHandle
+from serving_pod.schedulers.instances import forward_answer
 from serving_pod.schedulers.queue_policy import TIMEOUT_EXPIRED, Entry, PriorityQueue
 
 
@@ -257,14 +258,14 @@ class DynamicScheduler:
         execute_inline = getattr(self.pool, "execute_inline", None)
         if execute_inline is not None and self.pool.runs_inline(index):
             try:
-                results = execute_inline(index, [entry.request for entry in entries])
+                results = execute_inline(index, [entry.request for entry in entries], not self.preserve_ordering)
             finally:
                 self.pool.release(index)
             self._complete(entries, results, slot)
             return
         assert self._loop is not None
         # started now, not in the task's first step: one loop turn sooner at the instance
-        running = self.pool.execute(index, [entry.request for entry in entries])
+        running = self.pool.execute(index, [entry.request for entry in entries], not self.preserve_ordering)
         # held here until it ends (the loop keeps only weak references); no done-callback turn
         self._tasks.add(self._loop.create_task(self._execute(index, entries, slot, running)))
 
@@ -294,7 +295,9 @@ class DynamicScheduler:
     def _deliver(self, entries: list[Entry], results: list) -> None:
         for entry, result in zip(entries, results):
             future = entry.future
-            if not future.done():
+            if isinstance(result, asyncio.Future):  # answered after its execution (``InstancePool.execute``)
+                forward_answer(result, future)
+            elif not future.done():
                 future.set_result(result)
         self._finished(len(entries))
 

@@ -31,6 +31,11 @@ the worker runs (``HANDOFF_TIMEOUT_S`` at most); the worker drops the GIL in the
 loop goes on. A python model holds the GIL while it runs, so the loop would wait on it instead: its
 executions start the ordinary way.
 
+Answers given later: a python model may answer a request after its execution, through the request's response
+sender (Triton frees the instance meanwhile). A caller that passes ``answers_later`` to ``execute`` gets an asyncio
+future of such an answer in its results and releases the instance as usual; the execution is charged once every
+answer is in. Other callers get the answer itself, the execution lasting until it is in.
+
 Instance-group updates: a version whose instance groups change is served by a new pool that keeps some of the
 previous pool's instances (``adopted``, with their worker threads). Those are ``held``, never idle, until the
 registry ``admit``s them once the previous pool's scheduler has drained, so an instance never runs executions of
@@ -42,11 +47,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 from serving_pod.backends.base import ModelInstance
-from serving_pod.core.errors import InternalError, ServerError, execution_error
+from serving_pod.core.errors import CancelledError, InternalError, ServerError, execution_error
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse
 
@@ -218,46 +223,51 @@ class InstancePool:
         """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
         return self._modes[index].inline
 
-    def execute(self, index: int, requests: list[InferRequest]) -> Awaitable[list[Result]]:
+    def execute(self, index: int, requests: list[InferRequest], answers_later: bool = False) -> Awaitable[list[Result]]:
         """Start ``requests`` on instance ``index`` now; the awaitable gives one result per request.
 
         Neither this nor the awaitable raises: a failure becomes an error result for each request.
         Starting here rather than in a task's first step saves a loop turn before the work reaches the
         instance's thread or process (an inline instance has run when this returns).
+
+        ``answers_later``: the caller takes, for a request the instance answers after its execution (a python model's
+        response sender: the backend gives a ``concurrent.futures.Future``), an asyncio future of the answer, the
+        instance being free meanwhile (``_charged``); otherwise the execution ends with every answer in.
         """
         try:
-            return self._start(index, requests)
+            return self._start(index, requests, answers_later)
         except Exception as exc:  # a backend bug, or a pool shutting down: fail these requests, not the server
             return _failed(exc, len(requests))
 
-    def _start(self, index: int, requests: list[InferRequest]) -> Awaitable[list[Result]]:
+    def _start(self, index: int, requests: list[InferRequest], answers_later: bool) -> Awaitable[list[Result]]:
         mode = self._modes[index]
         if mode.inline:
             done = asyncio.get_running_loop().create_future()
-            done.set_result(self.execute_inline(index, requests))
+            done.set_result(self.execute_inline(index, requests, answers_later))
             return done
         dispatch_ns = time.monotonic_ns()
         on_loop = self._on_loop[index]
         pending = on_loop(requests) if on_loop is not None else None
         if pending is not None:
-            return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns())
-        return self._finish_threaded(self.run_threaded(index, requests), mode, requests, dispatch_ns)
+            return self._finish_on_loop(pending, requests, dispatch_ns, time.monotonic_ns(), answers_later)
+        return self._finish_threaded(self.run_threaded(index, requests, answers_later), mode, requests, dispatch_ns)
 
-    def run_threaded(self, index: int, requests: list[InferRequest]) -> Awaitable[tuple[list[Result], int, int, int]]:
+    def run_threaded(self, index: int, requests: list[InferRequest],
+                     answers_later: bool = False) -> Awaitable[tuple[list[Result], int, int, int]]:
         """Start ``requests`` on instance ``index``'s worker thread, uncharged: (results, start, end, thread CPU ns).
 
         The GIL is handed over to the worker when the instance declares ``releases_gil`` (module docstring).
         """
         started = _locked() if self._hand_off[index] else None
         running = asyncio.get_running_loop().run_in_executor(
-            self._executors[index], _run_threaded, self.instances[index], requests, started
+            self._executors[index], _run_threaded, self.instances[index], requests, started, answers_later
         )
         if started is not None:
             started.acquire(timeout=HANDOFF_TIMEOUT_S)  # the GIL is free until the worker runs
         return running
 
     async def _finish_on_loop(self, pending: Awaitable[list[Result]], requests: list[InferRequest], dispatch_ns: int,
-                              start_ns: int) -> list[Result]:
+                              start_ns: int, answers_later: bool) -> list[Result]:
         try:
             results = _checked(list(await pending), requests)
         except ServerError as exc:
@@ -265,22 +275,43 @@ class InstancePool:
         except Exception as exc:  # a backend bug must fail these requests, not the server
             results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
         end_ns = time.monotonic_ns()
-        self.charge(requests, results, dispatch_ns, start_ns, end_ns, end_ns)
-        return results
+        if not answers_later and _owed(results):
+            results = [await asyncio.wrap_future(r) if type(r) is Future else r for r in results]
+        return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
     async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int]], mode: _Mode,
                                requests: list[InferRequest], dispatch_ns: int) -> list[Result]:
         results, start_ns, end_ns, cpu_ns = await running
         mode.after_thread(end_ns - start_ns, cpu_ns)
-        self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
-        return results
+        return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
-    def execute_inline(self, index: int, requests: list[InferRequest]) -> list[Result]:
+    def execute_inline(self, index: int, requests: list[InferRequest], answers_later: bool = False) -> list[Result]:
         """``execute`` on the calling (event loop) thread, for an instance where ``runs_inline`` holds."""
         dispatch_ns = time.monotonic_ns()
-        results, start_ns, end_ns = _run(self.instances[index], requests)
+        results, start_ns, end_ns = _run(self.instances[index], requests, answers_later)
         self._modes[index].after_inline(end_ns - start_ns)
-        self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
+        return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
+
+    def _charged(self, requests: list[InferRequest], results: list[Result], dispatch_ns: int, start_ns: int,
+                 end_ns: int) -> list[Result]:
+        """Charge the execution now or, where the instance answers some requests later (``execute``'s
+        ``answers_later``), once they are answered; those results become asyncio futures of their answers."""
+        if not _owed(results):
+            self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
+            return results
+        loop = asyncio.get_running_loop()
+        results = [asyncio.wrap_future(r, loop=loop) if type(r) is Future else r for r in results]
+        owed = [r for r in results if isinstance(r, asyncio.Future)]
+        left = [len(owed)]
+
+        def answered(_: asyncio.Future) -> None:
+            left[0] -= 1
+            if not left[0]:
+                final = [_answer(r) if isinstance(r, asyncio.Future) else r for r in results]
+                self.charge(requests, final, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
+
+        for future in owed:
+            future.add_done_callback(answered)
         return results
 
     def charge(
@@ -343,17 +374,17 @@ def _locked() -> threading.Lock:
 
 
 def _run_threaded(
-    instance: ModelInstance, requests: list[InferRequest], started: threading.Lock | None
+    instance: ModelInstance, requests: list[InferRequest], started: threading.Lock | None, answers_later: bool = False
 ) -> tuple[list[Result], int, int, int]:
     if started is not None:
         started.release()  # the loop goes on once this thread gives up the GIL
     cpu_ns = time.thread_time_ns()
-    results, start_ns, end_ns = _run(instance, requests)
+    results, start_ns, end_ns = _run(instance, requests, answers_later)
     return results, start_ns, end_ns, time.thread_time_ns() - cpu_ns
 
 
 def _run(
-    instance: ModelInstance, requests: list[InferRequest]
+    instance: ModelInstance, requests: list[InferRequest], answers_later: bool = False
 ) -> tuple[list[Result], int, int]:
     start_ns = time.monotonic_ns()
     try:
@@ -363,7 +394,43 @@ def _run(
         results = [exc] * len(requests)
     except Exception as exc:  # a backend bug must fail these requests, not the server
         results = [execution_error(f"{type(exc).__name__}: {exc}")] * len(requests)
+    if not answers_later and _owed(results):  # a caller that cannot take them: the execution ends with the answers
+        results = [r.result() if type(r) is Future else r for r in results]
     return results, start_ns, time.monotonic_ns()
+
+
+def _owed(results: list) -> bool:
+    """Whether the instance answers some of ``results`` later (``InstancePool.execute``'s ``answers_later``)."""
+    for result in results:
+        if type(result) is Future:
+            return True
+    return False
+
+
+def forward_answer(answer: asyncio.Future, to: asyncio.Future) -> None:
+    """``to`` (a caller's future) gets an answer given later (``InstancePool.execute``) once it is in; a caller that
+    went away (``to`` cancelled) cancels ``answer``, so the instance stops waiting for it."""
+
+    def forward(done: asyncio.Future) -> None:
+        if not to.done():
+            if done.cancelled():
+                to.cancel()
+            else:
+                to.set_result(done.result())
+
+    def back(done: asyncio.Future) -> None:
+        if done.cancelled() and not answer.done():
+            answer.cancel()
+
+    answer.add_done_callback(forward)
+    to.add_done_callback(back)
+
+
+def _answer(future: asyncio.Future) -> Result:
+    """An answer given later, as the statistics count it: a caller that went away cancelled it."""
+    if future.cancelled():
+        return CancelledError("the request was cancelled before the model answered it")
+    return future.result()
 
 
 async def _failed(exc: Exception, count: int) -> list[Result]:
