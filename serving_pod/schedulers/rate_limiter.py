@@ -3,7 +3,8 @@
 Neighbours: ``factory.create_scheduler`` wraps a model's ``InstancePool`` in a ``RateLimitedPool``
 when the engine runs with rate limiting; every scheduler then acquires instances through it
 unchanged (``try_acquire`` / ``acquire`` / ``release``; the dynamic batcher also registers with
-``notify_when_available``). One ``RateLimiter`` per engine (``limiter_for``) is shared by all models.
+``notify_when_available``; the sequence batcher, whose slots belong to one instance each, waits for that
+instance with ``acquire_instance``). One ``RateLimiter`` per engine (``limiter_for``) is shared by all models.
 
 Semantics (Triton's rate_limiter.md):
 
@@ -146,7 +147,8 @@ class RateLimitedPool:
         self.exec_count = 0
         self._registered = True
         self._idle: deque[int] = deque(index for index in range(len(inner)) if index not in inner.held)
-        self._waiters: deque[asyncio.Future] = deque()
+        #: (future, instance wanted or None for any), in arrival order
+        self._waiters: deque[tuple[asyncio.Future, int | None]] = deque()
         self._listeners: list[Callable[[], None]] = []
         # what schedulers use besides acquisition goes straight to the real pool
         self.execute = inner.execute
@@ -170,21 +172,36 @@ class RateLimitedPool:
         return sum(1 for index in self._idle if grantable(self.demands[index]))
 
     def try_acquire(self) -> int | None:
-        for position, index in enumerate(self._idle):
-            demand = self.demands[index]
-            if self.limiter.grantable(demand):
-                del self._idle[position]
-                self.limiter.take(demand)
-                self.exec_count += 1
+        for index in list(self._idle):
+            if self._take(index):
                 return index
         return None
+
+    def _take(self, index: int) -> bool:
+        """Take instance ``index`` and its resources if it is idle and they are free."""
+        demand = self.demands[index]
+        if index not in self._idle or not self.limiter.grantable(demand):
+            return False
+        self._idle.remove(index)
+        self.limiter.take(demand)
+        self.exec_count += 1
+        return True
 
     async def acquire(self) -> int:
         index = self.try_acquire()
         if index is not None:
             return index
+        return await self._wait(None)
+
+    async def acquire_instance(self, index: int) -> None:
+        """Instance ``index`` itself, once it is idle and its resources are free (the sequence batcher's lanes)."""
+        if not any(wanted == index for _, wanted in self._waiters) and self._take(index):
+            return
+        await self._wait(index)
+
+    async def _wait(self, wanted: int | None) -> int:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        self._waiters.append((future, wanted))
         self.limiter.want(self)
         try:
             return await future
@@ -210,15 +227,21 @@ class RateLimitedPool:
 
     def serve(self) -> bool:
         """Hand free instances to waiters and listeners; True while some are still waiting."""
-        waiters = self._waiters
-        while waiters:
-            if waiters[0].done():
-                waiters.popleft()
+        still: deque[tuple[asyncio.Future, int | None]] = deque()
+        any_blocked = False  # once no instance can be had for one "any" waiter, none can for the later ones
+        for future, wanted in self._waiters:
+            if future.done():
                 continue
-            index = self.try_acquire()
+            if wanted is None:
+                index = None if any_blocked else self.try_acquire()
+                any_blocked = index is None
+            else:
+                index = wanted if self._take(wanted) else None
             if index is None:
-                break
-            waiters.popleft().set_result(index)
+                still.append((future, wanted))
+            else:
+                future.set_result(index)
+        self._waiters = still
         if self._listeners and self.idle_count():
             listeners, self._listeners = self._listeners, []
             for callback in listeners:

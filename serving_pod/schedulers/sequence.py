@@ -21,6 +21,14 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
   ready. Oldest: Triton's dynamic batcher over the heads, oldest first: a batch never grows past the
   largest ``preferred_batch_size`` (else ``max_batch_size``); below that it runs at once at the
   largest preferred size reached, else when the oldest head waited ``max_queue_delay_microseconds``.
+- Under ``--rate-limit=execution_count`` a batch, once formed, waits until its instance's
+  ``rate_limiter`` resources are free (``RateLimitedPool.acquire_instance``), sharing them with the
+  instances of every other model by priority, as Triton's sequence batcher enqueues its payloads in
+  the rate limiter.
+- ``iterative_sequence`` (Triton's ``IterativeSequencer``): a request without a correlation ID gets one
+  of its own (numbered from 1) and START. A request the model releases with RESCHEDULE (the python
+  backend answers ``pb_request.Rescheduled``) is queued again on its slot, neither START nor END, its
+  client still waiting; one released without it ends its sequence (``_end_iteration``).
 - Control inputs START / END / READY / CORRID and implicit-state inputs are added to each request;
   the state outputs of a response are kept for the sequence's next request and removed from the
   response the client sees.
@@ -29,7 +37,9 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
+import itertools
 import logging
 import time
 from collections import deque
@@ -38,6 +48,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from serving_pod.backends.pb_request import RESCHEDULE_REFUSED, Rescheduled
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, UnavailableError
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.clock import early_delay_s
@@ -107,6 +118,7 @@ class SequenceScheduler:
         self._busy = 0
         self._closing = False
         self._reaper: asyncio.Task | None = None
+        self._iteration_ids = itertools.count(1)  # Triton's IterativeSequencer numbers from 1
         self.io = StateIO(spec, [output.name for output in model.config.output])
 
     # --- Scheduler protocol ------------------------------------------------------------------
@@ -118,6 +130,11 @@ class SequenceScheduler:
             raise UnavailableError(f"model '{request.model_name}' is unloading")
         spec = self.spec
         key, start, end = spec.sequence_of(request.parameters)
+        if not key:  # an iterative sequence of its own
+            key = next(self._iteration_ids)
+            while key in self._active:  # a client's id in use: Triton would mix the two sequences
+                key = next(self._iteration_ids)
+            request = _with_flags(request, key, True, False)
         if spec.batching and request.inputs and request.inputs[0].data.shape[0] != 1:
             raise InvalidArgumentError(
                 f"inference request to model '{request.model_name}' must specify batch-size 1 due to "
@@ -246,6 +263,8 @@ class SequenceScheduler:
                     sequence.busy = False
                     if pending.end:
                         self._release(sequence)
+                    elif self.spec.iterative:
+                        self._end_iteration(sequence)
                     if not pending.future.done():
                         pending.future.set_exception(InternalError(f"{type(exc).__name__}: {exc}"))
             finally:
@@ -263,6 +282,10 @@ class SequenceScheduler:
                 self._pending -= 1
                 if dropped.end:
                     self._release(sequence)
+                    # what an iterative sequence rescheduled behind its end has no slot now (Triton: no START)
+                    self._fail_queue(sequence, InvalidArgumentError(self._no_start_message(sequence.key)))
+                elif self.spec.iterative:  # Triton: a cancelled iterative request ends its sequence
+                    self._end_iteration(sequence)
             if queue and sequence.lane == lane.index:
                 picks.append((slot, sequence))
         return picks
@@ -310,6 +333,10 @@ class SequenceScheduler:
             if pending.end:
                 self._release(sequence)  # as Triton: the slot frees when END is taken into a batch
         requests = [request for _, request in prepared]
+        # with --rate-limit the batch waits for its instance's resources (Triton's payload in the rate limiter)
+        acquire = getattr(self.pool, "acquire_instance", None)
+        if acquire is not None:
+            await acquire(lane.index)
         padded = False
         if spec.strategy == "direct" and spec.batching:
             by_slot = dict(prepared)
@@ -325,6 +352,8 @@ class SequenceScheduler:
             else:
                 results = await self.pool.execute(lane.index, requests)
         finally:
+            if acquire is not None:
+                self.pool.release(lane.index)
             now = self.clock()
             for _, sequence, _ in taken:
                 sequence.busy = False
@@ -334,6 +363,13 @@ class SequenceScheduler:
             self._deliver(sequence, pending, by_request[id(request)])
 
     def _deliver(self, sequence: _Sequence, pending: _Pending, result: Any) -> None:
+        if isinstance(result, Rescheduled):
+            if self.spec.iterative:
+                self._reschedule(sequence, pending)
+                return
+            result = InvalidArgumentError(RESCHEDULE_REFUSED)  # a backend that did not check the config
+        if self.spec.iterative and not pending.end:
+            self._end_iteration(sequence)  # released without RESCHEDULE: its sequence is over
         self.io.take_states(result, sequence.states)
         if pending.future.done():
             return
@@ -342,9 +378,42 @@ class SequenceScheduler:
         else:
             pending.future.set_result(result)
 
+    def _reschedule(self, sequence: _Sequence, pending: _Pending) -> None:
+        """Queue a request its model released with RESCHEDULE again on its sequence's slot, neither START nor END."""
+        if pending.future.done():  # the client went away: the sequence is over
+            self._end_iteration(sequence)
+            return
+        if sequence.lane is None:  # its END was taken, or it idled out: as Triton, a request without START
+            pending.future.set_exception(InvalidArgumentError(self._no_start_message(sequence.key)))
+            return
+        request = _with_flags(pending.request, sequence.key, False, False)
+        sequence.queue.append(_Pending(request, pending.future, False, False, self.clock()))
+        self._pending += 1
+        self._lanes[sequence.lane].wake.set()
+
+    def _end_iteration(self, sequence: _Sequence) -> None:
+        """End an iterative sequence as Triton does, with a cancelled null END request behind what it has queued:
+        its id is forgotten now, its slot frees once the lane reaches that request (``_heads``)."""
+        if self._active.get(sequence.key) is sequence:
+            del self._active[sequence.key]
+        if sequence.lane is None or any(queued.end for queued in sequence.queue):
+            return
+        done = asyncio.get_running_loop().create_future()
+        done.cancel()
+        sequence.queue.append(_Pending(InferRequest("", "", []), done, False, True, self.clock()))
+        self._pending += 1
+        self._lanes[sequence.lane].wake.set()
+
     def _fail_queue(self, sequence: _Sequence, error: ServerError) -> None:
         while sequence.queue:
             pending = sequence.queue.popleft()
             self._pending -= 1
             if not pending.future.done():
                 pending.future.set_exception(error)
+
+
+def _with_flags(request: InferRequest, key: SequenceKey, start: bool, end: bool) -> InferRequest:
+    """``request`` with Triton's sequence parameters as an iterative sequence sets them (the model reads them back
+    as ``correlation_id()`` and ``flags()``)."""
+    parameters = {**request.parameters, "sequence_id": key, "sequence_start": start, "sequence_end": end}
+    return dataclasses.replace(request, parameters=parameters)

@@ -73,6 +73,9 @@ class SequenceSpec:
     queue_delay_ns: int
     minimum_slot_utilization: float
     preferred_batch_sizes: frozenset[int]
+    #: ``iterative_sequence``: a request without a correlation ID starts a sequence of its own (``sequence_of``
+    #: gives key 0 and START; the scheduler numbers it), which ends when the model releases it without RESCHEDULE
+    iterative: bool = False
 
     # --- request parameters ------------------------------------------------------------------
     def sequence_of(self, parameters: dict[str, Any]) -> tuple[SequenceKey, bool, bool]:
@@ -87,6 +90,8 @@ class SequenceSpec:
             raise InvalidArgumentError(
                 f"inference request to model '{self.model_name}': 'sequence_id' {key} is not a uint64"
             )
+        if not key and self.iterative:
+            return 0, True, False  # Triton's IterativeSequencer: a sequence of its own, START set
         if not key:
             raise InvalidArgumentError(
                 f"inference request to model '{self.model_name}' must specify a non-zero or non-empty "
@@ -155,8 +160,6 @@ def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> Seq
     """``SequenceSpec`` of ``config``; ModelLoadError naming the model and field on a bad config."""
     name = config.name
     sequence = config.sequence_batching
-    if sequence.iterative_sequence:
-        raise ModelLoadError(f"model '{name}': sequence_batching iterative_sequence is not supported by this server")
     controls: dict[str, BoolControl] = {}
     corrid_name, corrid_type = "", ""
     seen: set[str] = set()
@@ -209,6 +212,7 @@ def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> Seq
         queue_delay_ns=delay_us * 1000,
         minimum_slot_utilization=utilization,
         preferred_batch_sizes=preferred,
+        iterative=sequence.iterative_sequence,
     )
 
 

@@ -77,8 +77,11 @@ async def test_scheduler_refusal_after_registration_unregisters_every_version(tm
     handle = await start(tmp_path, server_factory)
     limiter = limiter_for(handle.engine)
     # the sequence batcher refuses this config after the pool joined the limiter
-    limited_model(tmp_path, "broken", 4, extra="sequence_batching { iterative_sequence: true }", versions=(1, 2))
-    with pytest.raises(ModelLoadError, match="iterative_sequence is not supported"):
+    limited_model(tmp_path, "broken", 4, extra=(
+        'sequence_batching { state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 1 ] '
+        'initial_state { data_type: TYPE_INT32 dims: [ 1 ] data_file: "missing.bin" name: "f" } } ] }'
+    ), versions=(1, 2))
+    with pytest.raises(ModelLoadError, match="cannot read initial_state data_file"):
         await handle.engine.load_model("broken")
     assert limiter.registrations() == STEADY and limiter.capacity(R) == 1
     assert await steady_overlap(handle) == 1  # no ghost capacity: still one execution at a time

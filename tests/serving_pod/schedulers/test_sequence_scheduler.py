@@ -171,7 +171,6 @@ BAD_CONFIGS = {
     'state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 dims: [ 2 ] '
     'initial_state { data_type: TYPE_INT32 dims: [ 2 ] data_file: "missing.bin" name: "f" } } ]':
         "cannot read initial_state data_file for 'A'",
-    "iterative_sequence: true": "sequence_batching iterative_sequence is not supported by this server",
 }
 
 
