@@ -467,11 +467,12 @@ class Engine:
     # --- statistics --------------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """``model_stats`` entries: every ready version, one model, or one version (Triton's errors: 400 for a
-        model or version that is not serving; a version without a model is ignored, as Triton does)."""
+        model or version that is not serving; a version without a model is ignored, as Triton does, once it
+        parses: tritonserver reads it first, so gRPC's ``name=""`` with ``version="-1"`` is refused)."""
+        number = parse_version(version) if version else None
         if not name:
             models = self.registry.ready_models()
         else:
-            number = parse_version(version) if version else None
             entry = self.registry.entries.get(name)
             if entry is None or not entry.ready:
                 raise InvalidArgumentError(f"requested model '{name}' is not available")
