@@ -3,16 +3,20 @@
 A text-oriented schema for LLM-style models, mapped onto an ordinary inference request as Triton's HTTP
 front end does (``HandleGenerate`` and ``GenerateRequestClass`` in ``src/http_server.cc``, 2.51):
 
-- every top-level key of the JSON object that names a model input becomes that input: a scalar or a flat
-  array, in the input's datatype, its shape filled from the model's dims (fixed dims divide the element count,
-  the innermost variable dim takes the rest, other variable dims are 1); ``"parameters"`` is an object whose
-  keys map the same way; every other key becomes a request parameter (string, integer, boolean or number).
-  ``"id"`` is also the request id;
+- every top-level key of the JSON object that names a model input becomes that input: a scalar or an array,
+  in the input's datatype, its shape filled from the model's dims for as many elements as the outer array has
+  (fixed dims divide that count, the innermost variable dim takes the rest, other variable dims are 1), its
+  elements those of the arrays flattened, which must fill that shape; ``"parameters"`` is an object whose keys
+  map the same way (its errors start ``Converting keyword: 'parameters': ``); every other key becomes a request
+  parameter (string, integer, boolean or number; an integer past int64 a double). ``"id"`` is also the request
+  id. An input named twice (at the top and in ``"parameters"``, or a key written twice) is refused; a repeated
+  key is read by its name each time, which finds its first value. An empty body is refused as no JSON document;
 - each response becomes one JSON object: every output tensor under its name (a single element as a scalar,
   else a flat array; BYTES as strings), every response parameter under its name, and ``"id"`` (when set),
   ``"model_name"`` and ``"model_version"``, keys in byte order as Triton's ``std::map`` writes them;
-- ``/generate`` answers ``application/json`` and expects exactly one answer from the model, a response or an
-  error response (another number gets Triton's error object); ``/generate_stream`` sends each answer as a
+- ``/generate`` answers ``application/json`` and expects exactly one answer from the model, a response (one
+  with no output too) or an error response (another number gets Triton's error object; a decoupled model's
+  flag-only completion is no answer); ``/generate_stream`` sends each answer as a
   server-sent event (``data: {...}\\n\\n``, ``text/event-stream``), an error as a ``data: {"error": ...}`` event
   after which the stream goes on. The status goes out with the first answer: 400 when it is an error, else 200.
   A request refused before inference (unknown model, a compressed or bad body, inputs that do not suit the
@@ -21,14 +25,16 @@ front end does (``HandleGenerate`` and ``GenerateRequestClass`` in ``src/http_se
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import orjson
 
-from serving_pod.core import datatypes
+from serving_pod.core import datatypes, validation
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
-from serving_pod.http.codec import json_array, json_data
+from serving_pod.http.codec import json_array, json_data, json_flat
 from serving_pod.http.responses import error_body
 
 PARAMETERS = "parameters"
@@ -39,52 +45,109 @@ ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use gener
 #: the status of an answer whose first part is an error: Triton 2.51 reads the code of an error it has already
 #: freed (``GenerateRequestClass::InferResponseComplete``) and answers 400 for every code
 MODEL_ERROR_STATUS = 400
+PARSE_FAILED = "failed to parse the request JSON buffer"
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UNSUPPORTED_ENCODING = "Unsupported content-encoding, only 'identity' is supported."
 
 
 def decode_generate_request(body: bytes, metadata: dict[str, Any], model: str, version: str,
                             limit: int) -> InferRequest:
     """The inference request for a generate body; ``metadata`` is the model's (its inputs' datatypes and shapes)."""
-    try:
-        document = orjson.loads(body) if body.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(document, dict):
+    document = _parse(body)
+    if not isinstance(document, (dict, _Repeated)):
         raise InvalidArgumentError("generate request must be a JSON object")
-    request_id = document.get("id", "")
+    members = list(_members(document))
+    request_id = next((value for key, value in members if key == "id"), "")  # the first, as rapidjson finds it
     if not isinstance(request_id, str):
         raise InvalidArgumentError("'id' field must be a string")
     inputs = {item["name"]: item for item in metadata.get("inputs", [])}
     request = InferRequest(model, version, [], None, request_id, {})
     used = [0]
-    for key, value in document.items():
-        if key == PARAMETERS:
-            if key in inputs:
-                raise InvalidArgumentError(f"Keyword '{key}' for nested schema also given as input tensor name")
-            if not isinstance(value, dict):
-                raise InvalidArgumentError(f"Expected JSON object for keyword: '{key}'")
-            for nested, nested_value in value.items():
-                _map(request, nested, nested_value, inputs, limit, used)
-        else:
+    for key, value in members:
+        if key != PARAMETERS:
             _map(request, key, value, inputs, limit, used)
+            continue
+        if key in inputs:
+            raise InvalidArgumentError(f"Keyword '{key}' for nested schema also given as input tensor name")
+        if not isinstance(value, (dict, _Repeated)):
+            raise InvalidArgumentError(f"Expected JSON object for keyword: '{key}'")
+        try:
+            for nested, nested_value in _members(value):
+                _map(request, nested, nested_value, inputs, limit, used)
+        except InvalidArgumentError as error:  # Triton's RETURN_MSG_IF_ERR around the nested schema
+            raise InvalidArgumentError(f"Converting keyword: '{key}': {error.message}") from None
     return request
+
+
+class _Repeated:
+    """A JSON object that names a key more than once: its members in order, each with the value its key has first
+    (Triton visits every member, and reads its value by name, which finds the first; a dict keeps the last)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{key!r}: {value!r}" for key, value in self.pairs) + "}"
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Repeated:
+    first: dict[str, Any] = {}
+    for key, value in pairs:
+        first.setdefault(key, value)
+    return first if len(first) == len(pairs) else _Repeated([(key, first[key]) for key, _ in pairs])
+
+
+def _members(document: dict[str, Any] | _Repeated) -> Iterable[tuple[str, Any]]:
+    return document.pairs if isinstance(document, _Repeated) else document.items()
+
+
+def _parse(body: bytes) -> Any:
+    """The body's JSON document (rapidjson refuses an empty one as Triton's front end does). orjson keeps the
+    last of a repeated key: where the body may repeat one (a top-level or ``parameters`` key written twice), it is
+    read again keeping every member."""
+    if not body.strip():
+        raise InvalidArgumentError(f"{PARSE_FAILED}: The document is empty.")
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{PARSE_FAILED}: {exc}") from None
+    if isinstance(document, dict):
+        keys = list(document)
+        nested = document.get(PARAMETERS)
+        if isinstance(nested, dict):
+            keys += nested
+        if any(body.count(orjson.dumps(key)) > 1 for key in keys):
+            document = json.loads(body, object_pairs_hook=_object)
+    return document
 
 
 def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], limit: int, used: list[int]) -> None:
     """One key: the input of that name, else a request parameter (Triton's exact mapping)."""
     spec = inputs.get(key)
     if spec is None:
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            value = float(value)  # rapidjson's IsInt64 fails: Triton sets a double parameter
         if isinstance(value, (str, bool, int, float)):
             request.parameters[key] = value
             return
         raise InvalidArgumentError(
             f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
-    values = value if isinstance(value, list) else [value]
-    if any(isinstance(item, (list, dict)) for item in values):
-        raise InvalidArgumentError(f"input '{key}' must be a scalar or a flat array in a generate request")
+    if any(tensor.name == key for tensor in request.inputs):  # named twice: at the top and in "parameters"
+        raise InvalidArgumentError(f"{validation.prefix(request)}input '{key}' already exists in request")
     datatype = spec["datatype"]
-    if datatype in ("FP16", "BF16"):
-        raise InvalidArgumentError(f"input '{key}' has unsupported datatype {datatype}")
+    if datatype in ("FP16", "BF16"):  # Triton's words
+        raise InvalidArgumentError(f"receiving {datatype} data via JSON is not supported. Please use the binary "
+                                   f"data format for input {key}")
+    count = len(value) if isinstance(value, list) else 1  # the shape's element count, as Triton counts
+    # the elements: nested arrays flattened, as Triton's reader walks them; they must number ``count``
+    if not isinstance(value, list):
+        values = [value]
+    elif any(isinstance(item, list) for item in value):
+        values = json_flat([value])
+    else:
+        values = value
     dtype = datatypes.numpy_dtype(datatype)
     if datatype == "BYTES":
         if not all(isinstance(item, str) for item in values):
@@ -97,9 +160,14 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
             f"request size of {used[0]} bytes with input '{key}' of size {size} bytes exceeds the maximum allowed "
             f"input size of {limit}. Use --http-max-input-size to increase the limit.")
     used[0] += size
-    shape = _shape(key, len(values), [int(d) for d in spec["shape"]])
+    shape = _shape(key, count, [int(d) for d in spec["shape"]])
     if datatype not in ("BOOL", "BYTES") and any(isinstance(item, (bool, str)) for item in values):
         raise InvalidArgumentError(f"input '{key}': elements must be numbers for datatype {datatype}")
+    if datatype == "BYTES" and len(values) != count:
+        # Triton's front end writes the strings as they come; its core counts them (``core.validation``)
+        defect = datatypes.count_defect(datatype, count, len(values))
+        request.inputs.append(Tensor(key, datatype, datatypes.placeholder(datatype, shape), defect=defect))
+        return
     array = json_array(values, datatype, dtype, shape, key)
     request.inputs.append(Tensor(key, datatype, array))
 
@@ -150,14 +218,18 @@ def _encoded(answer: InferResponse | ServerError) -> tuple[bytes, bool]:
         return error_body(error)[1], True
 
 
-async def _answers(stream: AsyncIterator[InferResponse | ServerError]) -> AsyncIterator[InferResponse | ServerError]:
+async def _answers(stream: AsyncIterator[InferResponse | ServerError],
+                   request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
     """The model's answers to one request as Triton's generate endpoint counts them: each response and each error
     response (the engine raises the one that ends the stream), in order; the flag-only completion a decoupled
-    model sends last is none. A request refused before it was queued (the engine's ``refused_before_queue``:
-    no such model version, inputs that do not suit it) raises its error: no answer was sent for it."""
+    model sends last is none (``stream_infer`` gives a decoupled model's request a ``responder``), while the one
+    response of any other model is an answer even with no output. A request refused before it was queued (the
+    engine's ``refused_before_queue``: no such model version, inputs that do not suit it) raises its error: no
+    answer was sent for it."""
     try:
         async for item in stream:
-            if isinstance(item, ServerError) or item.outputs or item.parameters or not item.final:
+            if (isinstance(item, ServerError) or item.outputs or item.parameters or not item.final
+                    or request.responder is None):
                 yield item
     except ServerError as error:
         if error.refused_before_queue:
@@ -187,7 +259,7 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
         if encoding.strip().lower() not in ("", "identity"):  # checked once the model is found, as Triton does
             raise InvalidArgumentError(UNSUPPORTED_ENCODING)
         request = decode_generate_request(body, metadata, model, version, limit)
-        answers = _answers(engine.stream_infer(request))
+        answers = _answers(engine.stream_infer(request), request)
         first = await anext(answers, None)
     except ServerError as error:
         status, payload = error_body(error)

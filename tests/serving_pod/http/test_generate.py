@@ -145,7 +145,8 @@ def test_keys_naming_inputs_become_tensors_and_the_rest_parameters():
     assert tensors["grid"].data.shape == (2, 3)  # fixed 2, the variable dim takes the rest
     assert request.parameters == {"id": "42", "temperature": 0.5, "stream": False, "top_k": 3}
     assert request.id == "42"
-    assert decode_generate_request(b"", METADATA, "m", "", 100).inputs == []  # an empty body is an empty object
+    with pytest.raises(InvalidArgumentError, match="The document is empty"):  # no object at all, as Triton says
+        decode_generate_request(b" ", METADATA, "m", "", 100)
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -157,7 +158,7 @@ def test_keys_naming_inputs_become_tensors_and_the_rest_parameters():
     (b'{"x": {"a": 1}}', "parameter 'x' has invalid type"),
     (b'{"pair": [1, 2, 3]}', "The schema can not convert input 'pair' to tensor with proper shape"),
     (b'{"grid": [1, 2, 3]}', "The schema can not convert input 'grid' to tensor with proper shape"),
-    (b'{"pair": [[1, 2]]}', "input 'pair' must be a scalar or a flat array in a generate request"),
+    (b'{"pair": [[1, 2], [3, 4]]}', "Unable to parse 'data': Shape does not match true shape of 'data' field"),
     (b'{"text_input": 5}', "input 'text_input': BYTES elements must be JSON strings"),
     (b'{"flag": 1}', "input 'flag': BOOL elements must be true or false"),
     (b'{"pair": ["a", "b"]}', "input 'pair': elements must be numbers for datatype FP32"),
