@@ -24,7 +24,8 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
 - Ensembles (Triton's top-level ensemble caching): the ensemble's final response is cached under
   the ensemble's name and version; a hit runs no composing model. An ensemble with a sequence
   composing model (at any depth) inherits that model's limitation, as Triton's docs say: it loads,
-  with a warning, and is not cached. (A decoupled composing model is refused by the ensemble loader.)
+  with a warning, and is not cached. A decoupled composing model makes the ensemble decoupled, which the
+  cache refuses at load (Triton 2.51's check reads the derived policy too).
   Triton 2.51 caches such an ensemble anyway, so a sequence's later requests are answered from the
   cache and never reach the stateful model: kept apart on purpose.
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no

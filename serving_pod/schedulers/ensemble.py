@@ -6,7 +6,15 @@ composing model keeps its own scheduler (dynamic batching, sequences...) and its
 as soon as all the ensemble tensors it reads exist, so independent steps run concurrently (one asyncio task per
 ready step). As Triton, a request that asks for some of the outputs runs only the steps those outputs need.
 The first failing step fails the ensemble request with that step's error, prefixed as Triton does
-(``in ensemble 'NAME', ...``), and cancels the rest. Like Triton 2.51, every ensemble response carries the
+(``in ensemble 'NAME', ...``), and cancels the rest.
+
+A decoupled composing model makes the ensemble decoupled (``ensemble_graph.validate_mapping``), so it is run
+through ``engine.stream_infer`` and answers through the request's ``responder``: as Triton's
+``EnsembleContext``, each response of a decoupled step is a flow of its own through the steps after it (tensors
+keep their values by iteration, ``_run``), each complete set of outputs is one ensemble response, and the final
+flag goes with the response sent when no step is left in flight, or alone (an empty stream is the final flag
+alone). An error response of a decoupled step, mid-stream or last, fails the ensemble as a step's error does;
+the error ends the stream. Like Triton 2.51, every ensemble response carries the
 request's sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the request
 has none), whatever the steps are, and lists its outputs in Triton's order (``ensemble_order``).
 
@@ -28,11 +36,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from serving_pod.core.errors import ServerError, UnavailableError
+from serving_pod.core.errors import InvalidArgumentError, ServerError, UnavailableError
 from serving_pod.core.statistics import StepCompute
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.schedulers.ensemble_graph import EnsembleStep, ensemble_steps
@@ -121,7 +130,7 @@ class EnsembleScheduler:
         self._closing = True
         await self._idle.wait()
 
-    async def submit(self, request: InferRequest) -> InferResponse:
+    async def submit(self, request: InferRequest) -> InferResponse | None:
         if self._closing:
             raise UnavailableError(f"model '{request.model_name}' is unloading")
         self._inflight += 1
@@ -129,13 +138,29 @@ class EnsembleScheduler:
         stats = self.model.stats
         wanted = set(self.output_names) if request.outputs is None else {output.name for output in request.outputs}
         compute = StepCompute()
+        responder = request.responder  # set for a decoupled ensemble (engine.stream_infer)
+        responses: list[InferResponse] = []
+
+        def emit(response: InferResponse | None, final: bool) -> None:
+            if responder is not None:
+                responder(response, final)
+            elif response is not None:
+                responses.append(response)
+
         try:
-            tensors, batch_of, dispatch_ns = await self._run(request, wanted, compute)
+            dispatch_ns = await self._run(request, wanted, compute, emit)
+            if responder is None and not responses:  # Triton's words: no output was ever set
+                raise InvalidArgumentError(
+                    "unexpected deadlock, at least one output is not set while no more ensemble steps can be made")
         except ServerError as error:
             # Triton counts it twice: when the error response goes out, and when the request is released
             stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
             stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-            raise step_error(self.model.config.name, error) from None
+            wrapped = step_error(self.model.config.name, error)
+            if responder is None:
+                raise wrapped from None
+            responder(wrapped, True)  # the error ends the stream
+            return None
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -146,6 +171,11 @@ class EnsembleScheduler:
         stats.record_execution(self.model.batch_size_of(request), compute.input_ns, compute.infer_ns, compute.output_ns)
         stats.record_success(done_ns - request.arrival_ns, dispatch_ns - request.arrival_ns,
                              compute.input_ns, compute.infer_ns, compute.output_ns)
+        return responses[0] if responses else None
+
+    def _response(self, request: InferRequest, tensors: dict[str, Tensor | None], batch_of: dict[str, int],
+                  wanted: set[str]) -> InferResponse:
+        """One ensemble response from the output tensors of one flow (None: a step left that output out)."""
         outputs = []
         for name in self.response_order:
             value = tensors.get(name)
@@ -156,50 +186,93 @@ class EnsembleScheduler:
                              sequence_parameters(request))
 
     async def _run(
-        self, request: InferRequest, wanted: set[str], compute: StepCompute
-    ) -> tuple[dict[str, Tensor], dict[str, int], int]:
-        """Run the steps ``wanted`` needs; returns the ensemble tensors, the batch size of the request that made
-        each (0: a non-batching model) and when the first step was dispatched."""
-        tensors: dict[str, Tensor] = {tensor.name: tensor for tensor in request.inputs}
+        self, request: InferRequest, wanted: set[str], compute: StepCompute,
+        emit: Callable[[InferResponse | None, bool], None],
+    ) -> int:
+        """Run the steps ``wanted`` needs, ``emit``-ting each response (and the final flag); returns when the
+        first step was dispatched. As Triton's ``EnsembleContext``, every ensemble tensor keeps its values by
+        iteration (the n-th value written to it): a decoupled step's n responses write n iterations, a step
+        runs once per iteration present in all its inputs, and a response goes out for an iteration present
+        in all the requested outputs, with the final flag when no step is left in flight (else the final flag
+        comes alone, once the last step ends)."""
+        values: dict[str, dict[int, Tensor | None]] = {}
         batch_size = request.inputs[0].data.shape[0] if self._batching and request.inputs else 0
-        batch_of = dict.fromkeys(tensors, batch_size)
+        batch_of: dict[str, int] = {}
+        updated: list[tuple[str, int]] = []
+
+        def add(name: str, value: Tensor | None, batch: int) -> None:
+            column = values.setdefault(name, {})
+            updated.append((name, len(column)))
+            column[len(column)] = value
+            batch_of[name] = batch
+
+        for tensor in request.inputs:
+            add(tensor.name, tensor, batch_size)
         # ensemble inputs the client left out (optional ones) are known to be absent, not pending
-        absent = {tensor.name for tensor in self.model.config.input} - tensors.keys()
+        for tensor in self.model.config.input:
+            if tensor.name not in values:
+                add(tensor.name, None, batch_size)
         parameters = {k: v for k, v in request.parameters.items() if k not in _OWN_PARAMETERS}
-        waiting = list(self.steps if wanted >= set(self.output_names) else needed_steps(self.steps, wanted))
-        running: dict[asyncio.Task, EnsembleStep] = {}
+        steps = self.steps if wanted >= set(self.output_names) else needed_steps(self.steps, wanted)
+        consumers: dict[str, list[EnsembleStep]] = {}
+        for step in steps:
+            for _, tensor in step.input_map:
+                consumers.setdefault(tensor, []).append(step)
+        events: asyncio.Queue = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+        launched: set[tuple[int, int]] = set()
         dispatch_ns = 0
+        in_flight = 0
 
         def launch() -> None:
-            nonlocal dispatch_ns
-            for step in list(waiting):
-                if all(tensor in tensors or tensor in absent for _, tensor in step.input_map):
-                    waiting.remove(step)
+            nonlocal dispatch_ns, in_flight
+            for tensor, iteration in sorted(set(updated)):
+                for step in consumers.get(tensor, ()):
+                    if (step.index, iteration) in launched or not all(
+                            iteration in values.get(source, {}) for _, source in step.input_map):
+                        continue
+                    launched.add((step.index, iteration))
+                    inputs = {source: values[source][iteration] for _, source in step.input_map}
                     if not dispatch_ns:
                         dispatch_ns = time.monotonic_ns()
-                    task = asyncio.create_task(self._step(step, tensors, batch_of, request, parameters, compute))
-                    running[task] = step
+                    in_flight += 1
+                    task = asyncio.create_task(
+                        self._step(step, inputs, batch_of, request, parameters, compute, events))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+
+        def ready_response() -> InferResponse | None:
+            for tensor, iteration in updated:
+                if tensor in wanted and all(iteration in values.get(name, {}) for name in wanted):
+                    return self._response(
+                        request, {name: values[name][iteration] for name in wanted}, batch_of, wanted)
+            return None
 
         launch()
+        updated.clear()
         try:
-            while running:
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    step = running.pop(task)
-                    response, step_batch = task.result()  # a step's ServerError fails the ensemble
-                    produced = {tensor.name: tensor for tensor in response.outputs}
+            while in_flight:
+                step, item, final, step_batch = await events.get()
+                if isinstance(item, ServerError):
+                    raise item  # a step's error fails the ensemble (and the rest is cancelled)
+                if final:
+                    in_flight -= 1
+                if item is not None:
+                    produced = {tensor.name: tensor for tensor in item.outputs}
                     for model_output, tensor in step.output_map:
                         value = produced.get(model_output)
-                        if value is None:
-                            absent.add(tensor)
-                        else:
-                            tensors[tensor] = Tensor(tensor, value.datatype, value.data)
-                            batch_of[tensor] = step_batch
+                        add(tensor, None if value is None else Tensor(tensor, value.datatype, value.data), step_batch)
                 launch()
+                response = ready_response()
+                updated.clear()
+                if response is not None:
+                    emit(response, not in_flight)
+                elif not in_flight:
+                    emit(None, True)
         finally:
-            for task in running:
+            for task in list(running):
                 task.cancel()
-        return tensors, batch_of, dispatch_ns or time.monotonic_ns()
+        return dispatch_ns or time.monotonic_ns()
 
     def _inputs_of(self, step: EnsembleStep) -> tuple[bool, dict[str, tuple[int, ...]]]:
         """Whether the step's model batches, and its input dims by name (looked up once per loaded version)."""
@@ -210,17 +283,20 @@ class EnsembleScheduler:
         return config.max_batch_size > 0, cached[1]
 
     async def _step(
-        self, step: EnsembleStep, tensors: dict[str, Tensor], batch_of: dict[str, int], request: InferRequest,
-        parameters: dict[str, Any], compute: StepCompute,
-    ) -> tuple[InferResponse, int]:
-        """Run one step; returns its response and its request's batch size (0 when its model does not batch)."""
+        self, step: EnsembleStep, tensors: dict[str, Tensor | None], batch_of: dict[str, int],
+        request: InferRequest, parameters: dict[str, Any], compute: StepCompute, events: asyncio.Queue,
+    ) -> None:
+        """Run one step on one iteration of its inputs; puts ``(step, response or error, final, batch size)`` on
+        ``events`` for each of its responses (batch size 0 when its model does not batch). A decoupled model's
+        flag-only final response comes as None."""
         batching, dims = self._inputs_of(step)
         inputs = [
-            Tensor(model_input, tensors[tensor].datatype,
-                   batch_reshaped(tensors[tensor].data, dims.get(model_input, ()), batching, batch_of[tensor]))
+            Tensor(model_input, value.datatype,
+                   batch_reshaped(value.data, dims.get(model_input, ()), batching, batch_of[tensor]))
             for model_input, tensor in step.input_map
-            if tensor in tensors
+            if (value := tensors[tensor]) is not None
         ]
+        step_batch = inputs[0].data.shape[0] if batching and inputs else 0
         step_request = InferRequest(
             step.model_name,
             step.model_version,
@@ -233,5 +309,15 @@ class EnsembleScheduler:
             stats_sink=compute,
             trace=request.trace,  # the engine traces the step as its child
         )
-        response = await self.engine.infer(step_request)
-        return response, (inputs[0].data.shape[0] if batching and inputs else 0)
+        try:
+            if not self.engine.registry.get(step.model_name, step.model_version).decoupled:
+                events.put_nowait((step, await self.engine.infer(step_request), True, step_batch))
+                return
+            async for item in self.engine.stream_infer(step_request):
+                if isinstance(item, ServerError):
+                    events.put_nowait((step, item, False, step_batch))
+                    continue
+                flag_only = item.final and not item.outputs
+                events.put_nowait((step, None if flag_only else item, item.final, step_batch))
+        except ServerError as error:
+            events.put_nowait((step, error, True, step_batch))

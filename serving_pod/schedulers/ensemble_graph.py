@@ -4,7 +4,9 @@ Neighbours: the registry calls ``validate_structure`` and ``validate_mapping`` w
 loads (after its composing models are loaded, since their configs are needed); ``ensemble.py``
 runs the steps. Checks follow Triton's ``ValidateEnsembleSchedulingConfig`` and
 ``ValidateTensorMapping``: every error is a ``ModelLoadError`` naming the ensemble, the step
-(index and model) and the tensor, so a broken config says exactly where it is broken.
+(index and model) and the tensor, so a broken config says exactly where it is broken. As Triton's, an
+ensemble over a decoupled composing model (at any depth) is itself served as decoupled
+(``model_transaction_policy`` set by ``validate_mapping``).
 """
 
 from __future__ import annotations
@@ -184,11 +186,6 @@ def validate_mapping(
     for step in steps:
         model = composing[step.index]
         source = f"model '{step.model_name}'"
-        if model.model_transaction_policy.decoupled:
-            raise ModelLoadError(
-                f"in ensemble '{name}', {step.label}: decoupled composing models are not supported by "
-                "this server's ensemble scheduler"
-            )
         if model.max_batch_size and model.max_batch_size < config.max_batch_size:
             raise ModelLoadError(
                 f"ensemble '{name}' allows maximum batch size {config.max_batch_size}, but it contains "
@@ -220,9 +217,45 @@ def validate_mapping(
                     f"non-existing output '{model_output}' in model {step.model_name}"
                 )
             merge(step, tensor, _Node(source, spec.data_type, *_dims(spec.dims, step_batching)))
+    decoupled = _decoupled_flow(config, steps, composing)
     # Triton's ensemble validation sets the policy from the steps (decoupled when one of them is): a
-    # ``decoupled: true`` in config.pbtxt over non-decoupled steps is served, and runs, as not decoupled.
-    # Decoupled steps are refused above, so here it is always false. Triton's response-cache check reads the
-    # declared value first (and refuses it), so with the cache enabled it stays for that check (cache.py).
-    if not config.response_cache.enable:
-        config.model_transaction_policy.decoupled = False
+    # ``decoupled: true`` in config.pbtxt over non-decoupled steps is served, and runs, as not decoupled. With
+    # the response cache enabled, Triton's cache check refuses a declared ``decoupled: true`` and a derived one
+    # alike (cache.refuse_unsupported reads the value left here).
+    declared = config.model_transaction_policy.decoupled
+    config.model_transaction_policy.decoupled = decoupled or (declared and config.response_cache.enable)
+
+
+def _decoupled_flow(
+    config: mc.ModelConfig, steps: tuple[EnsembleStep, ...], composing: Mapping[int, mc.ModelConfig]
+) -> bool:
+    """Whether a decoupled step feeds the flow (Triton's decouple labels over the ensemble tensors): each output
+    of a decoupled step starts a new label, other outputs inherit their inputs' one; a step whose inputs carry
+    different labels (responses of different decoupled models, or one's responses and a tensor of the request)
+    is refused, as Triton's ``ValidateEnsembleConfig`` refuses it."""
+    name = config.name
+    outputs = {tensor.name for tensor in config.output}
+    label: dict[str, int] = {tensor.name: 0 for tensor in config.input}
+    pending = list(steps)
+    count = 0
+    while pending:
+        ready = [step for step in pending if all(tensor in label for _, tensor in step.input_map)]
+        if not ready:
+            break  # unreachable after validate_structure (every input is produced, no cycles)
+        for step in ready:
+            pending.remove(step)
+            labels = {label[tensor] for _, tensor in step.input_map}
+            if len(labels) > 1:
+                source = name if any(t in outputs for _, t in step.output_map) else step.model_name
+                raise ModelLoadError(
+                    f"in ensemble {name}, step of model '{source}' receives inputs originated from different "
+                    "decoupled models"
+                )
+            if composing[step.index].model_transaction_policy.decoupled:
+                count += 1
+                value = count
+            else:
+                value = labels.pop()
+            for _, tensor in step.output_map:
+                label[tensor] = value
+    return count > 0

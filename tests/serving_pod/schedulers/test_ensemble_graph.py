@@ -78,7 +78,39 @@ def test_mapping_checks() -> None:
         validate_mapping(config, steps, {0: _model()})
     with pytest.raises(ModelLoadError, match="allows maximum batch size 8, but it contains model m which only allows maximum batch size to be 2"):
         validate_mapping(config, steps, {0: _model(max_batch=2, optional=True)})
-    with pytest.raises(ModelLoadError, match="decoupled composing models are not supported"):
-        validate_mapping(config, steps, {0: _model(optional=True, decoupled=True)})
+    validate_mapping(config, steps, {0: _model(optional=True, decoupled=True)})  # served: the ensemble decouples
+    assert config.model_transaction_policy.decoupled
     with pytest.raises(ModelLoadError, match=r"ensemble tensor 'IN': inconsistent shape: \[-1, 4\] is inferred from ensemble 'ens' while \[-1, 5\]"):
         validate_mapping(config, steps, {0: _model(dims="[ 5 ]", optional=True)})
+
+
+def test_decoupled_steps_make_the_ensemble_decoupled() -> None:
+    """As Triton's decouple labels: a decoupled step anywhere decouples the ensemble; a declared ``decoupled:
+    true`` over plain steps does not (unless the response cache is on: then the cache check refuses it); a step
+    reading tensors of different decoupled flows is refused with Triton's words."""
+    two = _ensemble(_steps(("m", {"INPUT0": "IN"}, {"OUTPUT0": "mid"}), ("m", {"INPUT0": "mid"}, {"OUTPUT0": "OUT"})))
+    plain, repeat = _model(optional=True), _model(optional=True, decoupled=True)
+    for composing, expected in (((plain, repeat), True), ((repeat, plain), True), ((plain, plain), False)):
+        config = mc.ModelConfig()
+        config.CopyFrom(two)
+        config.model_transaction_policy.decoupled = True
+        validate_mapping(config, validate_structure(config), dict(enumerate(composing)))
+        assert config.model_transaction_policy.decoupled is expected
+    cached = mc.ModelConfig()
+    cached.CopyFrom(two)
+    cached.model_transaction_policy.decoupled = True
+    cached.response_cache.enable = True
+    validate_mapping(cached, validate_structure(cached), {0: plain, 1: plain})
+    assert cached.model_transaction_policy.decoupled
+    io = ('input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+          'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+    mixed = text_format.Parse(
+        f'name: "ens" platform: "ensemble" max_batch_size: 8 {io} ensemble_scheduling {{ '
+        'step { model_name: "r" input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "r" } } '
+        'step { model_name: "m" input_map { key: "INPUT0" value: "r" } input_map { key: "EXTRA" value: "IN" } '
+        'output_map { key: "OUTPUT0" value: "OUT" } } }', mc.ModelConfig())
+    extra = _model()
+    extra.input[1].dims[:] = [4]  # EXTRA reads the request's IN
+    with pytest.raises(ModelLoadError, match="in ensemble ens, step of model 'ens' receives inputs originated from "
+                                             "different decoupled models"):
+        validate_mapping(mixed, validate_structure(mixed), {0: repeat, 1: extra})
