@@ -3,8 +3,9 @@
 On the registry's loader thread, ``VersionBuilder.build`` prepares the config and creates every version's instances,
 trying each version (``--model-load-retry-count`` times more after a failure) and keeping the serving instances an
 instance-group update keeps (``core.updates``, ``instance_groups.signature``). On the event loop, ``assemble`` makes each
-version's ``Model``: statistics (a version updated in place keeps its own), instance pool and scheduler. The registry
-decides what to load and swaps versions in; this module only builds them, and finalizes what a failed load made.
+version's ``Model``: statistics (a version updated in place keeps its own; the warmup runs are charged to them, as
+Triton counts them), instance pool and scheduler. The registry decides what to load and swaps versions in; this module
+only builds them, and finalizes what a failed load made.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from serving_pod.repository.prepare import backend_settings, prepare_config
 from serving_pod.schedulers.factory import create_scheduler
 from serving_pod.schedulers.instances import InstancePool
 from serving_pod.schedulers.rate_limiter import instance_pool
-from serving_pod.warmup import warm_up
+from serving_pod.warmup import WarmupRun, warm_up
 
 log = logging.getLogger("ferry.registry")
 
@@ -54,6 +55,8 @@ class BuiltInstances:
     signatures: list[bytes]
     previous: Model | None = None
     kept: dict[int, int] = field(default_factory=dict)
+    #: the warmup executions of the created instances, charged to the version's statistics (as Triton counts them)
+    warmups: list[WarmupRun] = field(default_factory=list)
 
     def created(self) -> list[Any]:
         """The instances this load created (a failed load finalizes these, never the ones it would keep)."""
@@ -179,7 +182,7 @@ class VersionBuilder:
             made.instances.append(backend.create_instance(context))
             made.names.append(instance_name)
         fresh = [index for index in range(len(made.instances)) if index not in made.kept]
-        warm_up(config, model_dir, str(version), [made.instances[i] for i in fresh], [made.names[i] for i in fresh])
+        made.warmups = warm_up(config, model_dir, str(version), [made.instances[i] for i in fresh])
 
     def assemble(
         self, config: mc.ModelConfig, version: int, pools: Any, duration: float, *, model_dir: Path | None = None
@@ -204,5 +207,8 @@ class VersionBuilder:
             pool = InstancePool(pools.instances, pools.names, stats, model.batch_size_of, execution_mode=mode or "auto",
                                 signatures=pools.signatures, adopted=adopted)
         model.pool = pool
+        if pool is not None:
+            for run in pools.warmups:
+                pool.charge(run.requests, run.results, run.dispatch_ns, run.start_ns, run.end_ns, run.done_ns)
         model.scheduler = create_scheduler(model, pool, engine=self.engine)
         return model

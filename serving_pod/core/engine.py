@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from serving_pod.core.errors import (
@@ -178,6 +179,20 @@ class Engine:
                 await self.registry.poll()  # failures are logged by the registry
             except Exception:  # the poller must survive anything a repository throws
                 log.exception("repository poll failed")
+            self._forget_recovered()
+
+    def _forget_recovered(self) -> None:
+        """Poll mode: a start-up failure stops holding strict readiness back once it is gone (the repository reads,
+        the model is READY); the registry's states say the rest. Triton, started without its repository, never
+        becomes live."""
+        for key in list(self.startup_failures):
+            location = key.removeprefix("model repository ")
+            if location != key:
+                gone = Path(location.removeprefix("file://")).expanduser().is_dir()
+            else:
+                gone = self.registry.is_ready(key)
+            if gone:
+                del self.startup_failures[key]
 
     async def shutdown(self) -> None:
         """Readiness false, wait for in-flight requests (up to exit-timeout), unload every model."""

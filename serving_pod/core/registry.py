@@ -14,7 +14,8 @@ other forever.
 
 A load of a loaded model does what Triton's does (``core.updates``): nothing when no file of the model directory is
 newer than at its last load (a ``config`` override always counts as newer, and makes a later load without one find
-nothing newer, keeping the override, as Triton 2.51); else each version is updated in place or loaded afresh.
+nothing newer, keeping the override, as Triton 2.51, even across an unload; but a model first loaded with an override
+reads its repository files at the next load without one); else each version is updated in place or loaded afresh.
 """
 
 from __future__ import annotations
@@ -242,6 +243,9 @@ class ModelRegistry:
             previous = entry.timestamp
             in_place = {} if previous is None or timestamp is None else {
                 m.version: m for m in entry.ready if not previous.version_modified(timestamp, m.version)}
+            # a model never loaded from its repository files and loaded with a config override: a later load without
+            # one reads the repository again (Triton keeps no times for it)
+            recorded = None if config_override is not None and previous is None else timestamp
             if first_load:
                 for state in entry.versions.values():
                     state.state, state.reason = LOADING, ""
@@ -294,7 +298,7 @@ class ModelRegistry:
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
             entry.signature = source.signature if source else ""
             entry.config_override, entry.override_dir = config_override, override_dir
-            entry.timestamp = timestamp
+            entry.timestamp = recorded
             retired = [model for model in old if all(model is not new for new in models)]
             for model in retired:
                 entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
@@ -328,7 +332,8 @@ class ModelRegistry:
             return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
         async with entry.lock:
             entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
-            entry.timestamp = None  # loaded again: a fresh load
+            # the times stay: loaded again it is a fresh load (nothing READY), and one with a config override keeps it
+            # from a later load without one, as Triton keeps a model's times across an unload
             old = entry.ready
             entry.ready = []
             for model in old:

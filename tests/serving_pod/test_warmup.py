@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.backends import testing
 from serving_pod.backends.base import InstanceContext
-from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.errors import ModelLoadError, ServerError
 from serving_pod.warmup import build_requests, warm_up
 from support.server import test_model_config, write_model
 
@@ -72,22 +72,27 @@ def test_input_data_files_from_the_warmup_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("inputs", "batch_size", "message"),
     [
-        (fp32("zero_data: true", "[ -1 ]"), 1, "all variable-size dimensions are specified for input 'INPUT0'"),
-        (fp32('input_data_file: "missing"'), 1, "cannot read input_data_file 'missing'"),
-        (fp32('input_data_file: "small"'), 1, "expects 12 bytes, but the data provided from small only has 4"),
-        (fp32('input_data_file: "../config.pbtxt"'), 1, "must name a file inside"),
-        ('{ key: "NOPE" value { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } }', 1, "has no input 'NOPE'"),
-        ('{ key: "INPUT0" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }', 1, "model expects TYPE_FP32"),
-        ('{ key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 1 ] } }', 1, "sets none of zero_data"),
-        (fp32("zero_data: true"), 9, "batch_size 9 exceeds max_batch_size 8"),
+        (fp32("zero_data: true", "[ -1 ]"), 1,
+         "warmup setting expects all variable-size dimensions are specified for input 'INPUT0'"),
+        (fp32('input_data_file: "missing"'), 1, "failed to open text file for read "),
+        (fp32('input_data_file: "small"'), 1, "[request id: <id_unknown>] warmup setting expects 12 bytes, but the "
+                                              "data provided from small only has 4 bytes"),
+        (fp32('input_data_file: "../config.pbtxt"'), 1, "outside the model's 'warmup' folder"),
+        ('{ key: "NOPE" value { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } }', 1,
+         "warmup sample 'bad one' of model 'm': model has no input 'NOPE'"),
+        ('{ key: "INPUT0" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }', 1,
+         "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT32', but model 'm' expects 'FP32'"),
+        ('{ key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 1 ] } }', 1,
+         "[request id: <id_unknown>] warmup setting expects input 'INPUT0' to have input_data_type set"),
+        (fp32("zero_data: true"), 9, "warmup sample 'bad one' of model 'm': batch_size 9 exceeds max_batch_size 8"),
     ],
 )
-def test_bad_samples_name_the_sample(tmp_path: Path, inputs: str, batch_size: int, message: str) -> None:
+def test_bad_samples_are_refused_in_tritons_words(tmp_path: Path, inputs: str, batch_size: int, message: str) -> None:
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "small").write_bytes(b"\0" * 4)
     (tmp_path / "config.pbtxt").write_text("")
     cfg = config(sample(inputs, batch_size=batch_size, name="bad one"))
-    with pytest.raises(ModelLoadError, match="warmup sample 'bad one'") as info:
+    with pytest.raises(ServerError) as info:
         build_requests(cfg, tmp_path, "1", cfg.model_warmup[0])
     assert message in str(info.value)
 
@@ -105,15 +110,16 @@ def test_every_instance_runs_every_sample_count_times(tmp_path: Path) -> None:
     )
     cfg = config(warmups)
     instances = instances_for(cfg)
-    warm_up(cfg, tmp_path, "1", instances, ["m_0", "m_1"])
+    runs = warm_up(cfg, tmp_path, "1", instances)
     assert [i.executions for i in instances] == [[[1, 1, 1], [1, 1, 1], [1]]] * 2
+    assert [len(run.requests) for run in runs] == [3, 3, 1] * 2  # charged to the statistics later
 
 
 def test_a_failing_sample_fails_with_its_name(tmp_path: Path) -> None:
     cfg = config(sample(fp32("zero_data: true"), name="zeros"),
                  extra='parameters { key: "fail_on_value" value { string_value: "0" } }')
-    with pytest.raises(ModelLoadError, match="instance 'm_0' failed to run warmup sample 'zeros': ferry_test model failed"):
-        warm_up(cfg, tmp_path, "1", instances_for(cfg), ["m_0", "m_1"])
+    with pytest.raises(ModelLoadError, match="^failed to run warmup sample 'zeros': ferry_test model failed.*; $"):
+        warm_up(cfg, tmp_path, "1", instances_for(cfg))
 
 
 # --- readiness in a server --------------------------------------------------------------------
@@ -144,7 +150,7 @@ async def test_warmup_blocks_readiness(tmp_path: Path, server_factory) -> None:
     assert engine.model_ready("warm")
     model = engine.registry.get("warm")
     assert model.pool.instances[0].executions == [[1, 1], [1, 1]]
-    assert model.stats.execution_count == 0 and model.stats.success.count == 0  # warmup is not charged
+    assert model.stats.execution_count == 2 and model.stats.success.count == 4  # charged, as Triton does
 
 
 async def test_failing_warmup_fails_the_load(tmp_path: Path, server_factory) -> None:
