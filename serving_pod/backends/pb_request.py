@@ -10,6 +10,7 @@ in ``python_bridge``.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator
@@ -26,6 +27,8 @@ from serving_pod.backends.pb_tensor import (
     bind_arguments,
     incompatible_arguments,
 )
+
+_log = logging.getLogger(__name__)
 
 _NO_OUTPUTS: list = []  # the default of ``InferenceResponse(output_tensors=...)``: never handed out
 
@@ -243,7 +246,7 @@ class InferenceRequest:
     """
 
     __slots__ = ("_domain", "_link", "_inputs", "_sender", "_engine", "_flags_override", "_result", "_parameters_text",
-                 "_release_flags")
+                 "_release_flags", "_released")
 
     def __init__(
         self,
@@ -276,6 +279,7 @@ class InferenceRequest:
         self._flags_override: int | None = None
         self._result: Any = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._released: str | None = None
         #: a request the model builds reads its parameters back as Triton's binding wrote them: ``json.dumps``
         self._parameters_text: str | None = json.dumps(parameters) if parameters else "{}"
 
@@ -292,6 +296,7 @@ class InferenceRequest:
         request._result = None
         request._parameters_text = None
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._released = None
         return request
 
     # model-side accessors -------------------------------------------------------------
@@ -359,7 +364,17 @@ class InferenceRequest:
         if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags < 2**32:
             raise TypeError("set_release_flags(): incompatible function arguments. The following argument types are "
                             "supported:\n    1. (self: c_python_backend_utils.InferenceRequest, arg0: int) -> None")
+        if self._released is not None and flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            # Triton reads the flags once the stub's execute call returned: set later (an ``async def execute`` of a
+            # decoupled model runs on after it), the flag does nothing, as there; say so, since the client then
+            # waits for a final response the model meant to send in a later execution
+            _log.warning("python model '%s': set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) after "
+                         "execute returned has no effect: the request was released already", self._released)
         self._release_flags = flags
+
+    def _release(self, instance_name: str) -> None:
+        """``execute`` returned (its release flags were read): a later ``set_release_flags`` does nothing."""
+        self._released = instance_name
 
     def _rescheduled(self) -> bool:
         return bool(self._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)

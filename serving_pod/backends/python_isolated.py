@@ -12,6 +12,12 @@ Decoupled responses, cancellation checks, BLS calls, model loading calls and cus
 back from the child over the same channel and are served here with the real responders and
 engine. The metric families a child created belong to it: they go when it exits (the model is
 unloaded, or it crashed and a fresh child re-runs ``initialize``).
+
+A non-decoupled request the model answers later through its response sender is ``python_stub.LATER`` in the child's
+reply: ``execute`` gives a ``concurrent.futures.Future`` for it (as ``PythonModelInstance`` does in-process, so the
+instance is free for the next ``execute``), set by the child's ``answer`` post; a caller that cancels it has the child
+stop waiting (``cancel_later``). A child that dies fails what it still owes; an unload waits
+``python_model.UNLOAD_GRACE_S`` for it in the child, then answers it ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ import sys
 import tarfile
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Awaitable
 
-from serving_pod.backends import pb_metrics, pb_model_loader, python_bridge
+from serving_pod.backends import pb_metrics, pb_model_loader, python_bridge, python_model
 from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.pb_metrics import metric_store
 from serving_pod.backends.python_ipc import Channel
+from serving_pod.backends.python_stub import LATER
 from serving_pod.core import errors
 from serving_pod.core.interprocess import (
     request_from_wire, request_to_wire, response_to_wire, result_from_wire, result_to_wire, results_from_wire,
@@ -110,6 +117,8 @@ class _Child:
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
         #: requests this child is working on, by key (decoupled ones until their final response)
         self.requests: dict[int, InferRequest] = {}
+        #: answers the model owes through response senders (``python_stub.LATER``), by request key
+        self.later: dict[int, Future] = {}
         #: cancel flags of the BLS streams the child has open, by the child's stream key
         self.streams: dict[int, threading.Event] = {}
         self.channel: Channel | None = None
@@ -235,9 +244,12 @@ class IsolatedInstance:
         metric_store(self._engine).release(child.owner)
         with self._lock:
             open_requests, child.requests = child.requests, {}
+        if self._closed:
+            self._fail_later(child, self._unloaded_error())
         if self._closed or not open_requests:
             return
         error = self._crash_error(child)
+        self._fail_later(child, error)
         for request in open_requests.values():
             if request.responder is not None and self._spec.decoupled:
                 try:
@@ -253,16 +265,30 @@ class IsolatedInstance:
         channel, child = self._channel, self._child
         if channel is not None and not channel.closed:
             try:
-                channel.call("finalize").result(timeout=30)
+                channel.call("finalize", python_model.UNLOAD_GRACE_S).result(timeout=30 + python_model.UNLOAD_GRACE_S)
             except Exception:
                 _log.warning("python model '%s': finalize in the isolated process failed", self._label)
         if child is not None:
             child.writer.close()
             child.stop(timeout=10)
             metric_store(self._engine).release(child.owner)
+            self._fail_later(child, self._unloaded_error())
         if channel is not None:
             channel.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _unloaded_error(self) -> errors.UnavailableError:
+        return errors.UnavailableError(  # as python_model.PythonModelInstance words it
+            f"model '{self._spec.model_name}' was unloaded before it sent a response through the response sender "
+            "of this request"
+        )
+
+    def _fail_later(self, child: _Child, error: errors.ServerError) -> None:
+        """Answer what the child still owes (it is gone, or the model unloaded) with ``error``."""
+        with self._lock:
+            owed, child.later = child.later, {}
+        for later in owed.values():
+            _settle_later(later, error)
 
     # ------------------------------------------------------------------ execute
     def execute(self, requests: list[InferRequest]) -> list[Any]:
@@ -284,8 +310,7 @@ class IsolatedInstance:
             return self._lost(child, len(requests))
         except Exception as exc:
             results = self._failed(exc, len(requests))
-        self._settle(child, keys, results)
-        return results
+        return self._settle(child, keys, results)
 
     def execute_on_loop(self, requests: list[InferRequest]) -> Awaitable[list[Any]] | None:
         """``execute`` sent to the child now and awaited on the event loop, with no thread in between, when
@@ -305,8 +330,7 @@ class IsolatedInstance:
             return await asyncio.get_running_loop().run_in_executor(self._pool, self._lost, child, len(keys))
         except Exception as exc:
             results = self._failed(exc, len(keys))
-        self._settle(child, keys, results)
-        return results
+        return self._settle(child, keys, results)
 
     def _ship(self, child: _Child, requests: list[InferRequest]) -> tuple[list[int], list[tuple]]:
         """Register ``requests`` with the child, and their wire form (``core.interprocess``) that travels to it."""
@@ -318,19 +342,44 @@ class IsolatedInstance:
                 child.requests[key] = request
         return keys, [request_to_wire(request) for request in requests]
 
-    def _settle(self, child: _Child, keys: list[int], results: list[Any]) -> None:
-        """Forget the requests that are answered. A decoupled request is answered by its final ``respond``, even
-        when its execution failed (the error comes both ways, and the ``respond`` post may still be on its way);
-        only one without a responder is answered by its result."""
+    def _settle(self, child: _Child, keys: list[int], results: list[Any]) -> list[Any]:
+        """Forget the requests that are answered, and give a future for each one answered later (``LATER``). A
+        decoupled request is answered by its final ``respond``, even when its execution failed (the error comes both
+        ways, and the ``respond`` post may still be on its way); only one without a responder is answered by its
+        result."""
         decoupled = self._spec.decoupled
+        owed: list[tuple[int, Future]] = []
+        settled = list(results)
         with self._lock:
-            for key, result in zip(keys, results):
-                if not decoupled:
+            for index, (key, result) in enumerate(zip(keys, results)):
+                if type(result) is str and result == LATER:  # the ``answer`` post may be in already
+                    later = child.later.get(key)
+                    if later is None:
+                        later = child.later[key] = Future()
+                    owed.append((key, later))
+                    settled[index] = later
+                elif not decoupled:
                     child.requests.pop(key, None)
                 elif result is not None:
                     request = child.requests.get(key)
                     if request is not None and request.responder is None:
                         del child.requests[key]
+        for key, later in owed:  # run at once for one answered already
+            later.add_done_callback(partial(self._later_done, child, key))
+        return settled
+
+    def _later_done(self, child: _Child, key: int, later: Future) -> None:
+        """An answer given later is in, or its caller went away (cancelled): the child stops waiting for it then."""
+        with self._lock:
+            if child.later.get(key) is later:
+                del child.later[key]
+            child.requests.pop(key, None)
+        channel = child.channel
+        if later.cancelled() and channel is not None and not channel.closed:
+            try:
+                channel.post("cancel_later", key)
+            except ConnectionError:
+                pass
 
     def _lost(self, child: _Child, count: int) -> list[Any]:
         if self._spec.decoupled:  # the responders get the error (``_on_child_gone``)
@@ -368,6 +417,14 @@ class IsolatedInstance:
                 request = child.requests.pop(key, None) if final else child.requests.get(key)
             if request is not None and request.responder is not None:
                 request.responder(result_from_wire(message), final)
+        elif kind == "answer":  # a request answered later (``LATER``), maybe before its ``execute`` reply
+            key, message = args
+            with self._lock:
+                later = child.later.get(key)
+                if later is None and key in child.requests:  # else its caller went away
+                    later = child.later[key] = Future()
+            if later is not None:
+                _settle_later(later, result_from_wire(message))
         elif kind == "stream":
             key, wire = args
             self._pool.submit(self._stream, child, key, request_from_wire(wire))
@@ -404,6 +461,14 @@ class IsolatedInstance:
                 pass
         finally:
             child.streams.pop(key, None)
+
+
+def _settle_later(later: Future, answer: Any) -> None:
+    """Set an answer given later, unless its caller went away (cancelled) or it is set."""
+    try:
+        later.set_result(answer)
+    except InvalidStateError:
+        pass
 
 
 def run_auto_complete(executable: str, model_file: str, config_text: str, label: str) -> Any:

@@ -129,8 +129,30 @@ def forget_lazy_imports() -> None:
         sys.modules.pop(_lazy_imports.pop(), None)
 
 
+#: ``pb_utils`` classes that are bindings in Triton's stub: an AttributeError names them with their module there
+_BINDING_MODULES = ("serving_pod.backends.pb_request", "serving_pod.backends.pb_tensor")
+_MISSING_ATTRIBUTE = re.compile(r"'(\w+)' object has no attribute ")
+
+
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """``<type>: <message>`` as Triton's stub words an exception (an attribute missing on a ``pb_utils`` object: its
+    class as ``c_python_backend_utils.<name>``, pybind11's type name)."""
+    message = str(exc)
+    if type(exc) is AttributeError:
+        match = _MISSING_ATTRIBUTE.match(message)
+        if match is not None and _is_binding(match.group(1), exc):
+            message = f"'c_python_backend_utils.{match.group(1)}'{message[match.end(1) + 1:]}"
+    return f"{type(exc).__name__}: {message}"
+
+
+def _is_binding(name: str, exc: AttributeError) -> bool:
+    """Whether the object an AttributeError is about is a ``pb_utils`` binding class (the model's own class of the
+    same name is not; a refused ``setattr`` names no object: its class name decides)."""
+    kind = getattr(pb_utils, name, None)
+    if not isinstance(kind, type) or kind.__module__ not in _BINDING_MODULES:
+        return False
+    obj = getattr(exc, "obj", None)
+    return obj is None or type(obj) is kind
 
 
 def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleType:
@@ -362,6 +384,7 @@ class PythonModelInstance:
                 ))
                 continue
             answers.append(to_domain(request, response))
+        self._released(pb_requests)
         return answers
 
     def _answer_later(self, request: InferRequest, pb_request: pb_utils.InferenceRequest, sender: Any) -> Future | None:
@@ -429,6 +452,7 @@ class PythonModelInstance:
         try:
             result = self._execute(pb_requests)
             if asyncio.iscoroutine(result):
+                self._released(pb_requests)  # it runs on after execute returned: flags it sets come too late (Triton)
                 future = self._background_loop().submit(result)
                 future.add_done_callback(lambda f: self._background_done(f, pb_requests))
             elif result is not None:
@@ -438,6 +462,7 @@ class PythonModelInstance:
                 rescheduled = {id(r._domain) for r in pb_requests if r._rescheduled()}
                 answers = [self._rescheduled() if id(request) in rescheduled else answer
                            for request, answer in zip(requests, answers)]
+            self._released(pb_requests)
         except BaseException as exc:
             failure = self._fail_open(pb_requests, exc)
             return [failure if answer is None else answer for answer in answers]
@@ -445,6 +470,11 @@ class PythonModelInstance:
             if _lazy_imports:
                 forget_lazy_imports()
         return answers
+
+    def _released(self, pb_requests: list[pb_utils.InferenceRequest]) -> None:
+        """The release flags were read (``execute`` returned): a RESCHEDULE set later is only warned about."""
+        for pb_request in pb_requests:
+            pb_request._release(self._spec.instance_name)
 
     def _rescheduled(self) -> Any:
         """The answer for a request released with RESCHEDULE: queued again by an iterative sequence batcher;

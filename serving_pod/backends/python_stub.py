@@ -8,6 +8,12 @@ tuples), ``autocomplete(file, json, label)``, ``finalize()``. Model-side callbac
 responses (``respond``), cancellation checks (``cancelled``), BLS (``infer`` / ``stream``),
 model loading (``model_control``) and custom metrics (``metric``), all answered by the server's
 engine. When the server goes away the child finalizes and exits.
+
+A non-decoupled request the model answers later through its response sender (the instance gives a
+``concurrent.futures.Future``) is ``LATER`` in the ``execute`` reply, and its answer an ``answer`` post once the
+model sent it, so the child takes the next ``execute`` meanwhile, as Triton's stub does. The server posts
+``cancel_later`` when the client of such a request went away. ``finalize(grace)`` waits ``grace`` seconds for the
+answers still owed (``python_model.UNLOAD_GRACE_S`` on the server), then answers them ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import itertools
 import queue
 import sys
 import threading
+from concurrent.futures import Future
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,6 +34,9 @@ from serving_pod.core.interprocess import (
 )
 
 _END = object()
+
+#: an ``execute`` result meaning "answered later by an ``answer`` post" (the server holds a future for it)
+LATER = "answered later"
 
 
 class _RemoteFlag:
@@ -175,6 +185,9 @@ class _Stub:
         self.instance: Any = None
         self.channel: Channel = channel_factory(self)
         self.engine = _EngineProxy(self.channel)
+        #: answers the model still owes through response senders, by request key
+        self.later: dict[int, Future] = {}
+        self._later_lock = threading.Lock()
 
     def on_call(self, kind: str, args: tuple) -> Any:
         if kind == "init":
@@ -190,7 +203,9 @@ class _Stub:
                 request.responder = partial(self._respond, key) if request.responder else None
                 request.cancelled = _RemoteFlag(self.channel, key) if request.cancelled else None
             try:
-                return results_to_wire(_answered(self.instance.execute(requests), requests))
+                results = self.instance.execute(requests)
+                return results_to_wire([self._answer_later(key, result) if type(result) is Future else result
+                                        for key, result in zip(keys, results)])
             finally:
                 self.engine.custom_metrics.flush()
         if kind == "autocomplete":
@@ -198,6 +213,10 @@ class _Stub:
 
             return _auto_complete_in_process(*args)
         if kind == "finalize":
+            if args:  # the server's grace for answers still owed
+                from serving_pod.backends import python_model
+
+                python_model.UNLOAD_GRACE_S = args[0]
             self.finalize()
             self.channel.stop_serving()
             return True
@@ -206,6 +225,36 @@ class _Stub:
     def on_post(self, kind: str, args: tuple) -> None:
         if kind in ("stream_item", "stream_end"):
             self.engine.on_stream(kind, *args)
+        elif kind == "cancel_later":  # the client went away: the instance stops waiting for the answer
+            with self._later_lock:
+                later = self.later.pop(args[0], None)
+            if later is not None:
+                later.cancel()
+
+    def _answer_later(self, key: int, later: Future) -> str:
+        """``LATER`` for a request the model answers through its response sender; the answer follows as an
+        ``answer`` post (module docstring), possibly before this ``execute``'s reply."""
+        with self._later_lock:
+            self.later[key] = later
+        later.add_done_callback(partial(self._answered, key))
+        return LATER
+
+    def _answered(self, key: int, later: Future) -> None:
+        with self._later_lock:
+            self.later.pop(key, None)
+        if later.cancelled():  # the server cancelled it: nobody waits
+            return
+        try:
+            self.channel.post("answer", key, result_to_wire(later.result()))
+        except ConnectionError:
+            pass
+        except Exception as exc:  # e.g. an unpicklable response parameter
+            from serving_pod.core.errors import InternalError
+
+            try:
+                self.channel.post("answer", key, InternalError(f"cannot send response: {exc}"))
+            except ConnectionError:
+                pass
 
     def _respond(self, key: int, message: Any, final: bool) -> None:
         try:
@@ -224,26 +273,6 @@ class _Stub:
     def run(self) -> None:
         self.channel.serve()
         self.finalize()
-
-
-def _answered(results: list[Any], requests: list[Any]) -> list[Any]:
-    """The answers a model gives later through its response senders (``concurrent.futures.Future`` results), awaited
-    here: an isolated instance stays busy until they are in, or until the client of one goes away."""
-    from concurrent.futures import Future, TimeoutError
-
-    answered = []
-    for result, request in zip(results, requests):
-        while isinstance(result, Future):
-            try:
-                result = result.result(timeout=0.1)
-            except TimeoutError:
-                if request.cancelled is not None and request.cancelled.is_set():
-                    result.cancel()
-                    from serving_pod.core.errors import CancelledError
-
-                    result = CancelledError("the request was cancelled before the model answered it")
-        answered.append(result)
-    return answered
 
 
 def main(argv: list[str]) -> int:
