@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,9 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.traffic import int32_rows as _rows
+from support.traffic import post_infer as _post
+from support.traffic import stream_answers as _stream
 from support.server import ServerThread, make_options
 
 from serving_pod.core.latency_metrics import parse_metrics_config
@@ -87,40 +89,6 @@ def _triton(repository: Path, models: tuple[str, ...], flags: tuple[str, ...] = 
     return running_triton(repository, models, *flags)
 
 
-def _post(http: int, path: str, body: dict[str, Any]) -> int:
-    return httpx.post(f"http://127.0.0.1:{http}/v2/models/{path}/infer", json=body, timeout=60).status_code
-
-
-def _rows(*rows: list[int], shape: list[int] | None = None) -> dict[str, Any]:
-    data = [value for row in rows for value in row]
-    return {"inputs": [{"name": "X", "datatype": "INT32", "shape": shape or [len(rows), 2], "data": data}]}
-
-
-def _stream(grpc: int, counts: tuple[int, ...], expected: int) -> int:
-    """Requests of the decoupled model over one gRPC stream; the number of answers (responses and errors) once
-    ``expected`` came or 30 s passed."""
-    import tritonclient.grpc as grpcclient
-
-    answers: list[Any] = []
-    done = threading.Event()
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
-
-    def callback(result: Any, error: Any) -> None:
-        answers.append(error or result)
-        if len(answers) >= expected:
-            done.set()
-
-    client.start_stream(callback=callback)
-    for count in counts:
-        tensor = grpcclient.InferInput("COUNT", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([count], np.int32))
-        client.async_stream_infer("dec", [tensor])
-    done.wait(30)
-    client.stop_stream()
-    client.close()
-    return len(answers)
-
-
 def _traffic(http: int, grpc: int) -> list[int]:
     """The request sequence of the module docstring; the HTTP status codes and the stream's answer count."""
     codes = [
@@ -147,7 +115,7 @@ def _traffic(http: int, grpc: int) -> list[int]:
         time.sleep(0.3)
         late = [pool.submit(_post, http, "timed", _rows([0, 0])) for _ in range(2)]  # wait over 100 ms: REJECTED
         codes += [busy.result()] + [future.result() for future in late]
-    codes.append(_stream(grpc, (3, 0, -1, -2, 1), 7))  # -1: an error, -2: a response and an error
+    codes.append(_stream(grpc, "dec", (3, 0, -1, -2, 1), 7))  # -1: an error, -2: a response and an error
     return codes
 
 
@@ -229,7 +197,7 @@ model_metrics { metric_control [ { metric_identifier { family: "nv_inference_fir
     try:
         with _ferry(repository, ("dec", "ident"), ("--metrics-config=histogram_latencies=true",)) as (http, grpc, metrics):
             _identity(protocol, http, grpc)
-            assert _stream(grpc, (2, -1, -2), 5) == 5
+            assert _stream(grpc, "dec", (2, -1, -2), 5) == 5
             families = _scrape(metrics)
         with _ferry(repository, ("ident",), FLAGS) as (http, grpc, metrics):
             _identity(protocol, http, grpc)
@@ -373,7 +341,7 @@ def test_server_families_are_all_reserved(repository: Path) -> None:
         handle = thread.start()
         try:
             assert _post(handle.server.http_port, "flaky", _rows([0, 0])) == 200
-            assert _stream(handle.server.grpc_port, (1,), 1) == 1
+            assert _stream(handle.server.grpc_port, "dec", (1,), 1) == 1
             exported = set(_scrape(handle.server.metrics_port))
         finally:
             thread.stop()

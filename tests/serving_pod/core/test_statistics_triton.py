@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
+from support.traffic import int32_rows as _rows
+from support.traffic import post_infer as _post
+from support.traffic import stream_answers as _stream
 from support.server import ServerThread, make_options, write_model
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -118,42 +119,6 @@ def _triton(repository: Path) -> Iterator[tuple[int, int]]:
 
 
 # --- the request sequence ----------------------------------------------------------------------------------------
-def _post(http: int, path: str, body: dict[str, Any]) -> int:
-    return httpx.post(f"http://127.0.0.1:{http}/v2/models/{path}/infer", json=body, timeout=60).status_code
-
-
-def _rows(*rows: list[int], shape: list[int] | None = None, **parameters: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "INT32", "shape": shape or [len(rows), 2],
-                                        "data": [value for row in rows for value in row]}]}
-    if parameters:
-        body["parameters"] = parameters
-    return body
-
-
-def _stream(grpc: int, counts: tuple[int, ...], expected: int) -> int:
-    """Requests of the decoupled ``dec`` over one gRPC stream; the answers (responses and errors) that came."""
-    import tritonclient.grpc as grpcclient
-
-    answers: list[Any] = []
-    done = threading.Event()
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
-
-    def callback(result: Any, error: Any) -> None:
-        answers.append(error or result)
-        if len(answers) >= expected:
-            done.set()
-
-    client.start_stream(callback=callback)
-    for count in counts:
-        tensor = grpcclient.InferInput("COUNT", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([count], np.int32))
-        client.async_stream_infer("dec", [tensor])
-    done.wait(30)
-    client.stop_stream()
-    client.close()
-    return len(answers)
-
-
 def _traffic(http: int, grpc: int) -> list[int]:
     """The module docstring's requests; their HTTP status codes and the stream's answer count."""
     codes = [
@@ -178,7 +143,7 @@ def _traffic(http: int, grpc: int) -> list[int]:
         time.sleep(0.3)
         late = [pool.submit(_post, http, "timed", _rows([0, 0])) for _ in range(2)]  # wait over 100 ms: REJECTED
         codes += [busy.result()] + [future.result() for future in late]
-    codes.append(_stream(grpc, (3, 0, -1, -2, 1), 7))  # -1: execute raises, -2: a response and an error
+    codes.append(_stream(grpc, "dec", (3, 0, -1, -2, 1), 7))  # -1: execute raises, -2: a response and an error
     return codes
 
 
