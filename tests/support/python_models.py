@@ -13,6 +13,31 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "serving_pod" / "backends" / "data"
 
+#: ``add_sub`` as the side-by-side modules serve it to Ferry and Triton: INT32[4] x2 -> sum and difference
+ADD_SUB_CONFIG = """
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
+
+ADD_SUB_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (a + b).astype(np.int32)),
+                                                   pb_utils.Tensor("OUTPUT1", (a - b).astype(np.int32))]))
+        return out
+'''
+
 
 def install_python_model(
     repository: Path,

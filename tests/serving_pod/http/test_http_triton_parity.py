@@ -14,7 +14,6 @@ and so do errors of the model's execution (sent from Triton's response callback)
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import re
 from pathlib import Path
@@ -23,32 +22,8 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 import pytest
-
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL
 from support.server import ServerThread, make_options, write_model
-
-ADD_SUB_CONFIG = """
-name: "add_sub"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
-"""
-
-ADD_SUB_MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (a + b).astype(np.int32)),
-                                                   pb_utils.Tensor("OUTPUT1", (a - b).astype(np.int32))]))
-        return out
-'''
 
 COUNTER_CONFIG = """
 name: "counter"

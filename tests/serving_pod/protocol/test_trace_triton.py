@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL
 from support.server import (
     ServerThread,
     free_ports,
@@ -40,27 +41,7 @@ from support.triton import triton_args, triton_or_skip, triton_repositories
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.trace import TraceConfig, Tracer, parse_trace_config
 
-ADD_SUB = ('''
-name: "add_sub"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
-''', '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (a + b).astype(np.int32)),
-                                                   pb_utils.Tensor("OUTPUT1", (a - b).astype(np.int32))]))
-        return out
-''')
+ADD_SUB = (ADD_SUB_CONFIG, ADD_SUB_MODEL)
 
 #: echoes FP32, BYTES and BOOL inputs: how each datatype's data is written
 ECHO = ('''
