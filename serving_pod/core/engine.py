@@ -28,7 +28,7 @@ from serving_pod.core.latency_metrics import LatencyMetricsSettings
 from serving_pod.core import outputs
 from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry, parse_version
-from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.core.types import FinalFlag, InferRequest, InferResponse
 from serving_pod.repository.config import config_to_dict
 from serving_pod.repository.instance_groups import MIN_COMPUTE_CAPABILITY
 from serving_pod.repository.repository import ModelRepository, open_root
@@ -329,6 +329,7 @@ class Engine:
         A response that fails it is yielded as its ``ServerError`` and the stream goes on, as
         Triton sends a per-response error; so is an error response the model sends without the final
         flag (more may follow). An error that is the request's last response ends the stream (raised).
+        A decoupled model's final flag sent alone comes as a ``FinalFlag``, unlike a response with no outputs.
         """
         try:
             model = self.registry.get(request.model_name, request.model_version)
@@ -385,7 +386,7 @@ class Engine:
                         yield item
                         continue
                 if final:
-                    yield InferResponse(request.model_name, model.version_str, [], request.id, final=True)
+                    yield FinalFlag(request.model_name, model.version_str, [], request.id)  # the flag alone
             try:
                 await task  # the execution itself may end after its final response
             except ServerError:

@@ -8,7 +8,7 @@ wire name because some types (BF16, BYTES) are not recoverable from numpy alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -75,9 +75,22 @@ class InferRequest:
 class InferResponse:
     """One inference response. ``final`` is False for non-final decoupled responses."""
 
+    #: True only on ``FinalFlag``: the end of a decoupled stream, not a response the model sent
+    flag_only: ClassVar[bool] = False
+
     model_name: str
     model_version: str
     outputs: list[Tensor]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     final: bool = True
+
+
+@dataclass(slots=True)
+class FinalFlag(InferResponse):
+    """The end of a decoupled request's stream when the model sent the final flag alone (Triton's
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` with no response), as ``engine.stream_infer`` yields it. A
+    response with no outputs sent with the final flag is a plain ``InferResponse``: Triton sends that one
+    as a response (gRPC streaming, generate), the flag alone only where the client asked for it."""
+
+    flag_only: ClassVar[bool] = True

@@ -237,8 +237,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                     if isinstance(response, ServerError):  # this response failed; the request goes on
                         failed(message, response, False, slot)
                         continue
-                    decoupled = infer_request.responder is not None
-                    if not response.outputs and response.final and decoupled:
+                    # the final flag alone (a response with no outputs is sent as any response, as tritonserver)
+                    if response.flag_only:
                         if not enable_empty:
                             continue
                         response.model_version = message.model_version  # the flag only: as the client named it

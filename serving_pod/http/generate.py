@@ -218,18 +218,16 @@ def _encoded(answer: InferResponse | ServerError) -> tuple[bytes, bool]:
         return error_body(error)[1], True
 
 
-async def _answers(stream: AsyncIterator[InferResponse | ServerError],
-                   request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
+async def _answers(stream: AsyncIterator[InferResponse | ServerError]) -> AsyncIterator[InferResponse | ServerError]:
     """The model's answers to one request as Triton's generate endpoint counts them: each response and each error
-    response (the engine raises the one that ends the stream), in order; the flag-only completion a decoupled
-    model sends last is none (``stream_infer`` gives a decoupled model's request a ``responder``), while the one
-    response of any other model is an answer even with no output. A request refused before it was queued (the
-    engine's ``refused_before_queue``: no such model version, inputs that do not suit it) raises its error: no
-    answer was sent for it."""
+    response (the engine raises the one that ends the stream), in order; the final flag a decoupled model sends
+    alone is none (``stream_infer`` yields it as a ``FinalFlag``), while any response the model sent is an
+    answer even with no output (a decoupled model's empty response with the final flag too, as Triton counts
+    it). A request refused before it was queued (the engine's ``refused_before_queue``: no such model version,
+    inputs that do not suit it) raises its error: no answer was sent for it."""
     try:
         async for item in stream:
-            if (isinstance(item, ServerError) or item.outputs or item.parameters or not item.final
-                    or request.responder is None):
+            if isinstance(item, ServerError) or not item.flag_only:
                 yield item
     except ServerError as error:
         if error.refused_before_queue:
@@ -259,7 +257,7 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
         if encoding.strip().lower() not in ("", "identity"):  # checked once the model is found, as Triton does
             raise InvalidArgumentError(UNSUPPORTED_ENCODING)
         request = decode_generate_request(body, metadata, model, version, limit)
-        answers = _answers(engine.stream_infer(request), request)
+        answers = _answers(engine.stream_infer(request))
         first = await anext(answers, None)
     except ServerError as error:
         status, payload = error_body(error)

@@ -13,10 +13,13 @@ through ``engine.stream_infer`` and answers through the request's ``responder``:
 ``EnsembleContext``, each response of a decoupled step is a flow of its own through the steps after it (tensors
 keep their values by iteration, ``_run``), each complete set of outputs is one ensemble response, and the final
 flag goes with the response sent when no step is left in flight, or alone (an empty stream is the final flag
-alone). An error response of a decoupled step, mid-stream or last, fails the ensemble as a step's error does;
-the error ends the stream. Like Triton 2.51, every ensemble response carries the
-request's sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the request
-has none), whatever the steps are, and lists its outputs in Triton's order (``ensemble_order``).
+alone). A step's response with no outputs, final or not, is a flow whose tensors are all missing (Triton's
+placeholders): a later step runs without those inputs, and at the end it is an ensemble response with no
+outputs. An error response of a decoupled step, mid-stream or last, fails the ensemble as a step's error does;
+the error ends the stream. Like Triton 2.51, every ensemble response with an output carries the request's
+sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``; 0/false when the request has none;
+Triton sets them with each output, so a response with none has none), whatever the steps are, and lists its
+outputs in Triton's order (``ensemble_order``).
 
 Between a batching and a non-batching model (ensemble or step), a tensor gains or loses its batch dimension
 as in Triton's ``ReshapeTensorDims``: into a batching model, a tensor that came from a non-batching one and
@@ -182,8 +185,10 @@ class EnsembleScheduler:
             if value is not None and name in wanted:
                 data = batch_reshaped(value.data, self._output_dims[name], self._batching, batch_of[name])
                 outputs.append(Tensor(name, value.datatype, data))
+        # Triton sets the sequence parameters with each output: a flow whose outputs are all missing (a step's
+        # response with none) is a response without them
         return InferResponse(request.model_name, request.model_version, outputs, request.id,
-                             sequence_parameters(request))
+                             sequence_parameters(request) if outputs else {})
 
     async def _run(
         self, request: InferRequest, wanted: set[str], compute: StepCompute,
@@ -317,7 +322,6 @@ class EnsembleScheduler:
                 if isinstance(item, ServerError):
                     events.put_nowait((step, item, False, step_batch))
                     continue
-                flag_only = item.final and not item.outputs
-                events.put_nowait((step, None if flag_only else item, item.final, step_batch))
+                events.put_nowait((step, None if item.flag_only else item, item.final, step_batch))
         except ServerError as error:
             events.put_nowait((step, error, True, step_batch))
