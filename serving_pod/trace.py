@@ -29,8 +29,12 @@ Kept different on purpose (tritonserver's behaviour is junk or hides traces):
   the first two and wraps the last to 4294967295); a level may be a string and a rate a number (Triton
   answers 500); an empty level list means OFF (Triton ignores it); the count error has one wording
   (tritonserver's gRPC puts a space after "got:").
-Not written (yet): the frontends' timestamps HTTP_RECV_*/HTTP_SEND_* and GRPC_WAITREAD_*/GRPC_SEND_*, as the
-engine writes a trace when its request ends, before a frontend sends the response.
+The front ends add Triton's timestamps around the engine's: HTTP_RECV_START/HTTP_RECV_END (the request read:
+from when the front end takes the message to its decoded request) and HTTP_SEND_START/HTTP_SEND_END (the answer
+written), GRPC_WAITREAD_START/GRPC_WAITREAD_END and GRPC_SEND_START/GRPC_SEND_END (one pair per response sent on
+a stream). A front end that sees tracing on hands the engine a ``Frontend`` (one ``enabled`` check per request;
+nothing else on the untraced path); the trace it gets is written when both the engine and the front end are done
+with it. A request through ``--http-workers`` is traced by the server process alone (no HTTP_* timestamps).
 The CLI takes Triton's level aliases (MIN, MAX, ON, TRUE = TIMESTAMPS, FALSE = OFF) and ORs repeated
 levels, as tritonserver does.
 
@@ -213,6 +217,10 @@ class Trace:
     tensors: bool = False
     setting: Any = None
     records: list[dict[str, Any]] = field(default_factory=list)
+    #: the front end's protocol ("HTTP", "GRPC") when one stamps it, else ""
+    frontend: str = ""
+    #: who must be done with the trace before it is written: the engine, and the front end if any
+    holds: int = 1
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         if self.timestamps:
@@ -274,6 +282,58 @@ class Trace:
     def stamped(self) -> list[tuple[str, int]]:
         """(name, ns) of each timestamp."""
         return [(r["timestamps"][0]["name"], r["timestamps"][0]["ns"]) for r in self.records if "timestamps" in r]
+
+
+_FRONTEND_NAMES = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"),
+                   "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END")}
+
+
+class Frontend:
+    """One request a front end received while tracing was on: the engine it calls (``infer``, ``stream_infer`` and
+    ``model_config_dict`` as the engine's), its receive timestamps, and the trace the engine starts for it.
+
+    It rides on ``InferRequest.trace`` until the engine admits the request (``Tracer.start`` takes it as the
+    parent); the front end then stamps what it sends (``Tracer.sent``) and ends with ``Tracer.done``.
+    """
+
+    __slots__ = ("engine", "protocol", "send_names", "stamps", "trace", "tracer")
+
+    def __init__(self, engine: Any, protocol: str, start_ns: int | None = None) -> None:
+        self.engine = engine
+        self.tracer: Tracer = engine.tracer
+        self.protocol = protocol
+        names = _FRONTEND_NAMES[protocol]
+        self.stamps = [(names[0], time.monotonic_ns() if start_ns is None else start_ns)]
+        self.send_names = names[2:]
+        self.trace: Trace | None = None
+
+    def _read(self, request: Any) -> None:
+        self.stamps.append((_FRONTEND_NAMES[self.protocol][1], time.monotonic_ns()))
+        request.trace = self
+
+    async def infer(self, request: Any) -> Any:
+        self._read(request)
+        return await self.engine.infer(request)
+
+    def stream_infer(self, request: Any) -> Any:
+        self._read(request)
+        return self.engine.stream_infer(request)
+
+    def model_config_dict(self, name: str, version: str = "") -> Any:
+        return self.engine.model_config_dict(name, version)
+
+    def sent(self, start_ns: int) -> None:
+        """A response sent, from ``start_ns`` to now."""
+        self.tracer.sent(self, start_ns, time.monotonic_ns())
+
+    def done(self) -> None:
+        self.tracer.done(self)
+
+
+class Off:
+    """The tracer of an engine that traces nothing itself (a protocol worker's ``RemoteEngine``)."""
+
+    enabled = False
 
 
 class _Setting:
@@ -346,7 +406,11 @@ class Tracer:
     def start(self, model: str, version: str, request_id: str, arrival_ns: int, parent: Trace | None = None
               ) -> Trace | None:
         """A Trace for this request if its model's setting samples it (a composing model's request of a traced
-        ensemble request always is, as its child), else None."""
+        ensemble request always is, as its child), else None. ``parent`` may be the ``Frontend`` of a request
+        a front end received while tracing was on: the trace gets its receive timestamps."""
+        frontend = None
+        if type(parent) is Frontend:
+            frontend, parent = parent, None
         with self._lock:
             if parent is not None:
                 setting, parent_id = parent.setting, parent.id
@@ -365,6 +429,11 @@ class Tracer:
         level = setting.config.level
         trace = Trace(trace_id, model, version, request_id, parent_id, "TIMESTAMPS" in level, "TENSORS" in level,
                       setting)
+        if frontend is not None:
+            trace.frontend, trace.holds = frontend.protocol, 2
+            for name, ns in frontend.stamps:
+                trace.stamp(name, ns)
+            frontend.trace = trace
         trace.stamp("REQUEST_START", arrival_ns)
         return trace
 
@@ -376,7 +445,27 @@ class Tracer:
         if not trace.parent_id:
             trace.stamp("INFER_RESPONSE_COMPLETE")
         trace.stamp("REQUEST_END")
-        self._sink.write(trace, trace.setting)
+        self._release(trace)
+
+    def sent(self, frontend: Frontend, start_ns: int, end_ns: int) -> None:
+        """A response of ``frontend``'s request sent: ``<protocol>_SEND_START`` and ``_SEND_END``."""
+        trace = frontend.trace
+        if trace is not None:
+            trace.stamp(frontend.send_names[0], start_ns)
+            trace.stamp(frontend.send_names[1], end_ns)
+
+    def done(self, frontend: Frontend) -> None:
+        """The front end is done with ``frontend``'s request: its trace is written once the engine is too."""
+        trace, frontend.trace = frontend.trace, None
+        if trace is not None:
+            self._release(trace)
+
+    def _release(self, trace: Trace) -> None:
+        with self._lock:
+            trace.holds -= 1
+            last = trace.holds == 0
+        if last:
+            self._sink.write(trace, trace.setting)
 
     def _retire(self, setting: _Setting | None) -> None:
         if setting is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections import deque
 from typing import Any, AsyncIterator
 
@@ -31,6 +32,7 @@ from serving_pod.grpc.codec import decode_infer_request, decode_serialized, enco
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
 from serving_pod.grpc.wire import takes_serialized
+from serving_pod.trace import Frontend
 
 log = logging.getLogger("ferry.grpc")
 
@@ -149,6 +151,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
     @takes_serialized
     async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context) -> bytes | pb.ModelInferResponse:
         """Serialized in (the native front end), serialized out; a message in (grpc.aio), a message out."""
+        if self.engine.tracer.enabled:
+            return await self._infer_traced(request, context, Frontend(self.engine, "GRPC"))
         serialized = type(request) is bytes
         try:
             infer_request = decode_serialized(request) if serialized else decode_infer_request(request)
@@ -163,6 +167,31 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 error = UnsupportedError(_DECOUPLED)
             await _abort(context, error)
         return encode_serialized(response) if serialized else encode_infer_response(response)
+
+    async def _infer_traced(self, request: bytes | pb.ModelInferRequest, context: Any,
+                            frontend: Frontend) -> bytes | pb.ModelInferResponse:
+        """``ModelInfer`` while tracing is on: the engine sees ``frontend``; GRPC_SEND_* time the encoding (the
+        transport sends what the method returns)."""
+        serialized = type(request) is bytes
+        try:
+            try:
+                infer_request = decode_serialized(request) if serialized else decode_infer_request(request)
+                if self.header_forward is not None:
+                    self._forward(infer_request, context)
+            except ServerError as error:
+                await _abort(context, self._model_error(request, unary=True) or error)
+            try:
+                response = await frontend.infer(infer_request)
+            except ServerError as error:
+                if isinstance(error, DecoupledModelError):
+                    error = UnsupportedError(_DECOUPLED)
+                await _abort(context, error)
+            start = time.monotonic_ns()
+            encoded = encode_serialized(response) if serialized else encode_infer_response(response)
+            frontend.sent(start)
+            return encoded
+        finally:
+            frontend.done()
 
     def _model_error(self, request: bytes | pb.ModelInferRequest, *, unary: bool) -> ServerError | None:
         """For a request the codec refused: what Triton answers first, a model or version it cannot have, or a
@@ -224,6 +253,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                     release(slot)
 
         async def answer(message: pb.ModelInferRequest, slot: _InOrder | None) -> None:
+            # tracing on: GRPC_WAITREAD_START now, _END once decoded (the engine sees ``frontend``)
+            frontend = Frontend(self.engine, "GRPC") if self.engine.tracer.enabled else None
             try:
                 infer_request = decode_infer_request(message)
                 if self.header_forward is not None:
@@ -233,7 +264,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 return
             try:
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
-                async for response in self.engine.stream_infer(infer_request):
+                async for response in (self.engine if frontend is None else frontend).stream_infer(infer_request):
                     if isinstance(response, ServerError):  # this response failed; the request goes on
                         failed(message, response, False, slot)
                         continue
@@ -242,15 +273,22 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                         if not enable_empty:
                             continue
                         response.model_version = message.model_version  # the flag only: as the client named it
+                    if frontend is not None:
+                        start = time.monotonic_ns()
                     encoded = encode_infer_response(response)
                     # every stream response says whether it is its request's last, decoupled model or not (tritonserver)
                     encoded.parameters["triton_final_response"].bool_param = response.final
                     send(pb.ModelStreamInferResponse(infer_response=encoded), slot)
+                    if frontend is not None:
+                        frontend.sent(start)  # GRPC_SEND_START/END per response, as tritonserver
             except ServerError as error:
                 if error.refused_before_queue:  # set by the engine (``core.engine.mark_refused``)
                     send(_refused(message, error), slot)
                 else:  # the request's last response
                     failed(message, error, True, slot)
+            finally:
+                if frontend is not None:
+                    frontend.done()
 
         async def reader() -> None:
             try:

@@ -15,6 +15,7 @@ model that is unknown, not ready or decoupled gets the model's error (``_model_f
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
 import orjson
@@ -36,6 +37,7 @@ from serving_pod.http.responses import (
 from serving_pod.http.compression import (
     ACCEPTED, UnsupportedEncodingError, choose_encoding, decode_body, encode_body, size_error,
 )
+from serving_pod.trace import Frontend
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
@@ -202,6 +204,9 @@ class InferEndpoint:
         await self.app(scope, receive, send)
 
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
+        if self.engine.tracer.enabled:
+            await self._infer_traced(scope, receive, send, model, version, Frontend(self.engine, "HTTP"))
+            return
         limit = self.max_input_size
         try:
             names = scope["extensions"].get(HEADER_NAMES) if self.header_forward and "extensions" in scope else None
@@ -212,6 +217,26 @@ class InferEndpoint:
             return
         status, payload, headers, content_type = await answer_infer(self.engine, head, body, model, version, limit)
         await send_response(send, status, payload, headers, content_type)
+
+    async def _infer_traced(self, scope: dict, receive: Callable, send: Callable, model: str, version: str,
+                            frontend: Frontend) -> None:
+        """``_infer`` while tracing is on: the engine sees ``frontend``, which stamps the request read and written."""
+        limit = self.max_input_size
+        try:
+            try:
+                names = (scope["extensions"].get(HEADER_NAMES) if self.header_forward and "extensions" in scope
+                         else None)
+                head = infer_head(scope["headers"], limit, self.header_forward, names)
+                body = await read_body(receive, limit)
+            except ServerError as error:
+                await send_response(send, *error_answer(error))
+                return
+            answer = await answer_infer(frontend, head, body, model, version, limit)
+            start = time.monotonic_ns()
+            await send_response(send, *answer)
+            frontend.sent(start)
+        finally:
+            frontend.done()
 
 
 def create_app(

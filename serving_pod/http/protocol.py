@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any, NamedTuple
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -41,6 +42,7 @@ from serving_pod.core.errors import ServerError
 from serving_pod.http.app import HEADER_NAMES, Answer, InferHead, answer_infer, error_answer, infer_head
 from serving_pod.http.compression import size_error
 from serving_pod.http.limits import GuardedHttpToolsProtocol
+from serving_pod.trace import Frontend
 
 log = logging.getLogger("ferry.http")
 
@@ -271,6 +273,9 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         known[read[:end]] = KnownHead(cycle.model, cycle.version, cycle.head, cycle.keep_alive, cycle.size)
 
     async def _answer(self, cycle: InferCycle) -> None:
+        if self.engine.tracer.enabled:
+            await self._answer_traced(cycle, Frontend(self.engine, "HTTP"))
+            return
         chunks = cycle.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         cycle.chunks = []
@@ -284,6 +289,26 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         if self.flow.write_paused and not cycle.disconnected:
             await self.flow.drain()
         self._respond(cycle, answer)
+
+    async def _answer_traced(self, cycle: InferCycle, frontend: Frontend) -> None:
+        """``_answer`` while tracing is on: the engine sees ``frontend``, which stamps the message read and written."""
+        body = b"".join(cycle.chunks)
+        cycle.chunks = []
+        try:
+            try:
+                answer = await answer_infer(frontend, cycle.head, body, cycle.model, cycle.version,
+                                            self.max_input_size)
+            except Exception:  # as _answer
+                log.exception("inference request for model '%s' failed", cycle.model)
+                cycle.keep_alive = False
+                answer = 500, _INTERNAL, [], b"text/plain; charset=utf-8"
+            if self.flow.write_paused and not cycle.disconnected:
+                await self.flow.drain()
+            start = time.monotonic_ns()
+            self._respond(cycle, answer)
+            frontend.sent(start)
+        finally:
+            frontend.done()
 
     def _respond(self, cycle: InferCycle, answer: Answer) -> None:
         """Write the whole response, then let uvicorn go on (pipelined request, keep-alive timer)."""

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.interprocess import request_from_wire, request_to_wire, response_from_wire, response_to_wire
 from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.trace import Off
 
 log = logging.getLogger("ferry.http.workers")
 
@@ -256,6 +257,9 @@ class BridgeClient(FrameProtocol):
 
 class RemoteEngine:
     """The engine as a worker sees it: ``infer`` runs in the server process."""
+
+    #: the server process traces the requests it runs (a worker adds no HTTP_* timestamps)
+    tracer = Off
 
     def __init__(self, client: BridgeClient) -> None:
         self.client = client

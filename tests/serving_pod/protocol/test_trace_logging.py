@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import httpx
 import numpy as np
@@ -57,6 +58,43 @@ def traces_of(path) -> dict[int, dict]:
     return traces
 
 
+#: the front end's timestamps before the engine's (the request read) and after them (the response sent)
+FRONTEND = {"http": (["HTTP_RECV_START", "HTTP_RECV_END"], ["HTTP_SEND_START", "HTTP_SEND_END"]),
+            "grpc": (["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], ["GRPC_SEND_START", "GRPC_SEND_END"])}
+
+
+def _traced(path, count: int) -> dict[int, dict]:
+    """``traces_of(path)`` once it holds ``count`` traces: a trace is written after its response is sent, so the
+    client may have the answer a moment before the file has the trace (at most a few seconds)."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            traces = traces_of(path) if path.exists() else {}
+        except json.JSONDecodeError:  # caught while the server appends a trace
+            traces = {}
+        if len(traces) >= count or time.monotonic() > deadline:
+            return traces
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_refused_traced_requests_leave_no_trace_and_the_next_is_written(server, protocol, trace_file):
+    """A request refused before its model runs (a wrong shape) while tracing is on answers its error and leaves no
+    trace; the next one's trace has the front end's timestamps around the engine's."""
+    client, module = server.client(protocol), server.module(protocol)
+    client.update_trace_settings(model_name="idt", settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    wrong = module.InferInput("INPUT0", [1, 3], "FP32")
+    wrong.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
+    for _ in range(2):
+        with pytest.raises(InferenceServerException, match="INPUT0"):
+            client.infer("idt", [wrong], request_id="bad")
+    _infer(server, protocol)
+    (trace,) = _traced(trace_file, 1).values()
+    received, sent = FRONTEND[protocol]
+    assert trace["request_id"] == "r1"
+    assert trace["names"][:3] == [*received, "REQUEST_START"] and trace["names"][-2:] == sent
+
+
 def _settings(value, protocol):
     if protocol == "http":
         return value
@@ -79,11 +117,12 @@ def test_trace_settings_and_trace_file(server, protocol, trace_file):
     _infer(server, protocol, count=4)
     _infer(server, protocol, model="other", count=2)  # not traced: its setting is the global OFF
 
-    traces = traces_of(trace_file)
-    assert len(traces) == 2  # every 2nd of 4 requests
+    traces = _traced(trace_file, 2)  # every 2nd of 4 requests
     first, second = traces.values()
-    assert first["names"] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-                              "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+    received, sent = FRONTEND[protocol]
+    assert first["names"] == [*received, "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                              "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END",
+                              *sent]
     ns = [t["ns"] for t in first["timestamps"]]
     assert ns == sorted(ns) and ns[0] > 0
     assert {t["model_name"] for t in traces.values()} == {"idt"} and first["model_version"] == 1
@@ -92,7 +131,7 @@ def test_trace_settings_and_trace_file(server, protocol, trace_file):
     # count limits the number of traces; a null value resets a model setting to the global one
     client.update_trace_settings(model_name="idt", settings={"trace_rate": "1", "trace_count": "1"})
     _infer(server, protocol, count=3)
-    assert len(traces_of(trace_file)) == 3
+    assert len(_traced(trace_file, 3)) == 3
     reset = _settings(client.update_trace_settings(model_name="idt", settings={"trace_level": None}), protocol)
     assert reset["trace_level"] == ["OFF"]
 

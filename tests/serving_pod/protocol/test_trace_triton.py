@@ -5,10 +5,14 @@ same python models. Trace files are compared by structure, never by time: per tr
 names of its timestamps (as a multiset: Triton writes them in its threads' order), its tensor records and which
 trace is whose parent. Triton writes its file on a graceful exit only, so it is stopped with SIGINT here.
 
-Differences kept on purpose (see ``serving_pod.trace``): Ferry does not write the frontends' timestamps
-(HTTP_RECV_*/HTTP_SEND_*, GRPC_WAITREAD_*/GRPC_SEND_*), which are left out of the comparison; a count that
-reaches 0 leaves Ferry's traces in ``<file>`` where Triton moves them to ``<file>.0`` (every file is read);
-the count error over gRPC lacks the space tritonserver puts after "got:".
+The front ends' timestamps (HTTP_RECV_*/HTTP_SEND_* on the direct and the ASGI path, GRPC_WAITREAD_*/GRPC_SEND_*
+on ModelInfer and ModelStreamInfer, one GRPC_SEND pair per streamed response, over both gRPC front ends) are
+compared by their order in time around REQUEST_START (``frontend``): where each of them falls against the
+engine's other timestamps follows Triton's threads (its COMPUTE_END and REQUEST_END often come after the send).
+
+Differences kept on purpose (see ``serving_pod.trace``): a count that reaches 0 leaves Ferry's traces in
+``<file>`` where Triton moves them to ``<file>.0`` (every file is read); the count error over gRPC lacks the
+space tritonserver puts after "got:".
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class TritonPythonModel:
 ''')
 
 MODELS = ["add_sub", "echo", "ens", "counter"]
-#: timestamps only Triton's frontends write (module docstring)
+#: timestamps the front ends write (module docstring)
 FRONTEND = ("HTTP_", "GRPC_")
 
 
@@ -130,10 +134,10 @@ def triton(repository: Path, *flags: str) -> Iterator[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def ferry(repository: Path, *flags: str) -> Iterator[tuple[int, int]]:
+def ferry(repository: Path, *flags: str, grpc_server: str = "native") -> Iterator[tuple[int, int]]:
     """Ferry with the same ``--trace-config`` flags; stopped (its trace file closed) on exit."""
     config = parse_trace_config([flag.removeprefix("--trace-config=") for flag in flags])
-    thread = ServerThread(make_options([repository], trace=config))
+    thread = ServerThread(make_options([repository], trace=config, grpc_server=grpc_server))
     handle = thread.start()
     try:
         yield int(handle.http_url.rsplit(":", 1)[1]), int(handle.grpc_url.rsplit(":", 1)[1])
@@ -178,7 +182,14 @@ def _workload(http: int, grpc: int) -> dict[str, Any]:
         gc.async_stream_infer("counter", [n], request_id="g-dec")
         for _ in range(2):
             assert responses.get(timeout=60)[1] is None
+        gc.async_stream_infer("add_sub", _add_sub_inputs(grpcclient), request_id="g-stream")
+        assert responses.get(timeout=60)[1] is None
         gc.stop_stream()
+        # a query string: Ferry's ASGI path (not the direct one), Triton's only one
+        body = {"id": "h-asgi", "inputs": [{"name": name, "shape": [1, 4], "datatype": "INT32", "data": data}
+                                           for name, data in (("INPUT0", [0, 1, 2, 3]), ("INPUT1", [1, 1, 1, 1]))]}
+        answer = httpx.post(f"http://localhost:{http}/v2/models/add_sub/infer?ferry=asgi", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
         # every 2nd request, counted from a new setting: r1 and r3
         hc.update_trace_settings(settings={"trace_rate": "2"})
         for i in range(4):
@@ -197,11 +208,12 @@ def _workload(http: int, grpc: int) -> dict[str, Any]:
 def traces_in(directory: Path) -> dict[tuple[str | None, str], dict[str, Any]]:
     """Every trace of ``directory``'s trace files, keyed by (request id, model), by structure only."""
     records = [r for path in sorted(directory.glob("trace.json*")) for r in json.loads(path.read_text())]
-    by_id: dict[int, dict[str, Any]] = collections.defaultdict(lambda: {"names": [], "tensors": []})
+    by_id: dict[int, dict[str, Any]] = collections.defaultdict(lambda: {"names": [], "stamps": [], "tensors": []})
     for record in records:
         trace = by_id[record["id"]]
         if "timestamps" in record:
-            trace["names"] += [t["name"] for t in record["timestamps"] if not t["name"].startswith(FRONTEND)]
+            trace["names"] += [t["name"] for t in record["timestamps"]]
+            trace["stamps"] += [(t["ns"], t["name"]) for t in record["timestamps"]]
         elif "activity" in record:
             trace["tensors"].append((record["activity"], *record["tensor"].values()))
         else:
@@ -216,7 +228,9 @@ def traces_in(directory: Path) -> dict[tuple[str | None, str], dict[str, Any]]:
             identity["parent"] = by_id[parent]["identity"]["model_name"]
         key = (identity.get("request_id"), identity["model_name"])
         assert key not in out, key
+        in_time = [name for _, name in sorted(trace["stamps"], key=lambda stamp: stamp[0])]  # ties: file order
         out[key] = {"identity": identity, "names": collections.Counter(trace["names"]),
+                    "frontend": [name for name in in_time if name.startswith(FRONTEND) or name == "REQUEST_START"],
                     "tensors": sorted(trace["tensors"])}
     return out
 
@@ -224,29 +238,46 @@ def traces_in(directory: Path) -> dict[tuple[str | None, str], dict[str, Any]]:
 FLAGS = ("--trace-config=level=max", "--trace-config=level=TENSORS", "--trace-config=rate=1")
 
 
-def _ferry_run(repository: Path, tmp_path: Path) -> tuple[dict, dict]:
-    (tmp_path / "ferry").mkdir()
-    with ferry(repository, f"--trace-config=triton,file={tmp_path / 'ferry' / 'trace.json'}", *FLAGS) as ports:
+def _ferry_run(repository: Path, tmp_path: Path, grpc_server: str = "native") -> tuple[dict, dict]:
+    (tmp_path / grpc_server).mkdir()
+    with ferry(repository, f"--trace-config=triton,file={tmp_path / grpc_server / 'trace.json'}", *FLAGS,
+               grpc_server=grpc_server) as ports:
         seen = _workload(*ports)
-    return seen, traces_in(tmp_path / "ferry")
+    return seen, traces_in(tmp_path / grpc_server)
 
 
-EXPECTED_ADD_SUB_NAMES = collections.Counter([
+ENGINE_NAMES = collections.Counter([
     "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
     "INFER_RESPONSE_COMPLETE", "REQUEST_END"])
+HTTP_NAMES = collections.Counter(["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"])
+GRPC_NAMES = collections.Counter(["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"])
+EXPECTED_ADD_SUB_NAMES = ENGINE_NAMES + HTTP_NAMES
+#: the front end's timestamps in time, around REQUEST_START (tritonserver 2.51's file)
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "GRPC_SEND_START", "GRPC_SEND_END"]
 
 
-def test_trace_file_records(repository, tmp_path):
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_trace_file_records(repository, tmp_path, grpc_server):
     """Ferry alone (always runs): Triton's record structure, as read from tritonserver 2.51."""
-    seen, traces = _ferry_run(repository, tmp_path)
+    seen, traces = _ferry_run(repository, tmp_path, grpc_server)
     assert seen["startup"]["trace_level"] == ["TIMESTAMPS", "TENSORS"]  # level=max ORed with TENSORS
     assert seen["count_spent"] == "0"
     assert set(traces) == {("h-add", "add_sub"), ("g-add", "add_sub"), (None, "add_sub"), ("h-ens", "ens"),
-                           ("h-ens", "add_sub"), ("h-echo", "echo"), ("g-dec", "counter"), ("r1", "add_sub"),
-                           ("r3", "add_sub"), ("c0", "add_sub"), ("c1", "add_sub")}
+                           ("h-ens", "add_sub"), ("h-echo", "echo"), ("g-dec", "counter"), ("g-stream", "add_sub"),
+                           ("h-asgi", "add_sub"), ("r1", "add_sub"), ("r3", "add_sub"), ("c0", "add_sub"),
+                           ("c1", "add_sub")}
     assert traces[(None, "add_sub")]["identity"] == {"model_name": "add_sub", "model_version": 1}
     add = traces[("h-add", "add_sub")]
     assert add["names"] == EXPECTED_ADD_SUB_NAMES
+    for key in (("h-add", "add_sub"), ("h-asgi", "add_sub"), ("h-ens", "ens"), ("c1", "add_sub")):
+        assert traces[key]["frontend"] == HTTP_ORDER, key
+    for key in (("g-add", "add_sub"), ("g-stream", "add_sub")):
+        assert traces[key]["names"] == ENGINE_NAMES + GRPC_NAMES, key
+        assert traces[key]["frontend"] == GRPC_ORDER, key
+    # one GRPC_SEND pair per streamed response
+    assert traces[("g-dec", "counter")]["frontend"] == GRPC_ORDER + ["GRPC_SEND_START", "GRPC_SEND_END"]
+    assert traces[("h-ens", "add_sub")]["frontend"] == ["REQUEST_START"]  # a composing model's: no front end
     assert add["tensors"] == [
         ("TENSOR_BACKEND_OUTPUT", "OUTPUT0", "1,2,3,4", "1,4", "INT32"),
         ("TENSOR_BACKEND_OUTPUT", "OUTPUT1", "-1,0,1,2", "1,4", "INT32"),
@@ -254,7 +285,7 @@ def test_trace_file_records(repository, tmp_path):
         ("TENSOR_QUEUE_INPUT", "INPUT1", "1,1,1,1", "1,4", "INT32")]
     step = traces[("h-ens", "add_sub")]
     assert step["identity"] == {"model_name": "add_sub", "model_version": 1, "request_id": "h-ens", "parent": "ens"}
-    assert step["names"] == EXPECTED_ADD_SUB_NAMES - collections.Counter(["INFER_RESPONSE_COMPLETE"])
+    assert step["names"] == ENGINE_NAMES - collections.Counter(["INFER_RESPONSE_COMPLETE"])
     assert "COMPUTE_START" not in traces[("h-ens", "ens")]["names"]
     echo = {t[1]: t[2] for t in traces[("h-echo", "echo")]["tensors"]}
     assert echo == {"F": "0.5,0.333333,1e+06,-2.25,3", "S": '"ab","c d"', "B": "1,0", "F_OUT": "0.5,0.333333,1e+06,-2.25,3"}
@@ -263,16 +294,18 @@ def test_trace_file_records(repository, tmp_path):
 
 
 def test_trace_file_records_match_triton(repository, tmp_path):
+    """Both of Ferry's gRPC front ends against Triton's one."""
     triton_or_skip()
-    seen, traces = _ferry_run(repository, tmp_path)
     (tmp_path / "triton").mkdir()
     with triton(repository, f"--trace-config=triton,file={tmp_path / 'triton' / 'trace.json'}", *FLAGS) as ports:
         triton_seen = _workload(*ports)
-    assert seen == triton_seen
     expected = traces_in(tmp_path / "triton")
-    assert traces.keys() == expected.keys()
-    for key, trace in expected.items():
-        assert traces[key] == trace, key
+    for grpc_server in ("native", "grpcio"):
+        seen, traces = _ferry_run(repository, tmp_path, grpc_server)
+        assert seen == triton_seen
+        assert traces.keys() == expected.keys()
+        for key, trace in expected.items():
+            assert traces[key] == trace, (grpc_server, key)
 
 
 def _scrubbed(settings: Any) -> Any:
