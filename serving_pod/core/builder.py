@@ -71,6 +71,21 @@ def _close_all(instances: list[Any]) -> None:
             log.exception("closing an instance of a model that failed to load")
 
 
+def refuse_config(config: mc.ModelConfig) -> None:
+    """The refusals Triton 2.51 makes while reading a model's config (its poll fails: no version is tried): a response
+    cache it cannot use and sequence batching controls. A sequence ``state`` is checked later, per version, when its
+    scheduler is made (Triton's ``version N is at UNAVAILABLE state``), so it is left out here."""
+    from serving_pod.cache import refuse_unsupported
+    from serving_pod.schedulers.sequence_config import parse_sequence_config
+
+    refuse_unsupported(config)
+    if config.HasField("sequence_batching"):
+        controls = mc.ModelConfig()
+        controls.CopyFrom(config)
+        controls.sequence_batching.ClearField("state")
+        parse_sequence_config(controls, None)
+
+
 @dataclass
 class VersionBuilder:
     """The server's settings for building model versions (``tritonserver``'s flags of the same names)."""
@@ -109,6 +124,8 @@ class VersionBuilder:
             if not exc.versions:
                 raise
             raise VersionsUnavailable(name, {v: version_reason(exc) for v in exc.versions}) from None
+        if backend_name != "ensemble":
+            refuse_config(config)
         built: list[Built] = []
         failures: dict[int, str] = {}  # as Triton, every version is tried: each failed one with its reason
         try:

@@ -3,7 +3,10 @@
 The registry asks the repository what exists, has ``core.builder`` prepare configs and create instances on a
 loader thread (the event loop keeps serving), then swaps new versions in atomically. A failed reload keeps
 the previous versions serving, and a failed (re)load leaves nothing behind: the instances it made
-are finalized and the versions it assembled leave the rate limiter. Unloading drains a version's
+are finalized and the versions it assembled leave the rate limiter. As Triton 2.51, a first load refused before any
+version is tried (its config, an ensemble's composing models) lists no version of the model (its row: UNAVAILABLE
+and the reason); a version whose
+scheduler refuses it (a sequence state) is that version's failure (``core.load_errors``). Unloading drains a version's
 scheduler before finalizing its instances.
 
 As Triton, ensembles follow their composing models: unloading a model unloads the ensembles whose steps
@@ -32,7 +35,7 @@ from typing import Any, Callable
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.builder import Built, BuiltInstances, VersionBuilder, close_instances
-from serving_pod.core.load_errors import VersionsUnavailable
+from serving_pod.core.load_errors import VersionsUnavailable, version_reason
 from serving_pod.core.errors import (
     InternalError,
     InvalidArgumentError,
@@ -107,6 +110,9 @@ class ModelEntry:
     override_dir: Path | None = None
     #: the model directory's times at the last successful load (None: the next load is a fresh one)
     timestamp: ModelTimestamp | None = None
+    #: why its last load failed before any version was tried (a refused config, an ensemble's dependencies): the
+    #: index lists it with this reason and no version, and the server is not ready while it stays so
+    refused: str = ""
 
 
 class ModelRegistry:
@@ -169,6 +175,8 @@ class ModelRegistry:
     def all_ready(self) -> bool:
         """True when every model that was asked to load has a READY version (strict readiness)."""
         for entry in self.entries.values():
+            if entry.refused and not entry.ready:
+                return False
             states = [v.state for v in entry.versions.values()]
             if states and not entry.ready and any(s in (LOADING, UNAVAILABLE) for s in states):
                 if any(v.reason and v.reason != "unloaded" for v in entry.versions.values()):
@@ -189,7 +197,10 @@ class ModelRegistry:
             entry = self.entries.get(name)
             if entry is None or not entry.versions:
                 if not ready_only:
-                    rows.append({"name": name})
+                    # refused before any version was tried: Triton lists the name only (the reason only in its log);
+                    # Ferry keeps the reason in view, with no version (none was tried)
+                    refused = {"state": UNAVAILABLE, "reason": entry.refused} if entry and entry.refused else {}
+                    rows.append({"name": name, **refused})
                 continue
             for version in sorted(entry.versions):
                 state = entry.versions[version]
@@ -257,8 +268,17 @@ class ModelRegistry:
                 if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
                     await self._prepare_ensemble(built[0][0])
                 duration = time.monotonic() - start
+                failures: dict[int, str] = {}
                 for config, version, pools in built:
-                    models.append(self.builder.assemble(config, version, pools, duration, model_dir=model_dir))
+                    try:
+                        models.append(self.builder.assemble(config, version, pools, duration, model_dir=model_dir))
+                    except ServerError as exc:
+                        if pools is None:  # an ensemble's scheduler: refused for the model, not a version
+                            raise
+                        # a version's scheduler refused it (a sequence state): that version is UNAVAILABLE
+                        failures[version] = version_reason(exc)
+                if failures:
+                    raise VersionsUnavailable(name, failures, [m.version for m in models])
             except Exception as exc:
                 # versions assembled before the failing one joined the rate limiter: none of them serves
                 for model in models:
@@ -276,13 +296,16 @@ class ModelRegistry:
                 else:
                     log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
                 if first_load and isinstance(error, VersionsUnavailable):  # each version's own reason, as Triton
+                    entry.refused = ""
                     entry.versions = {v: VersionState(v, UNAVAILABLE, reason) for v, reason in error.reasons.items()}
                     for version in error.loaded:
                         entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
                 elif first_load:
-                    entry.versions = {
-                        v: VersionState(v, UNAVAILABLE, str(error)) for v in list(entry.versions) or [1]
-                    }
+                    # refused before any version was tried (its config, an ensemble's composing models): as Triton,
+                    # no version is listed for it (a version 1 need not exist); versions unloaded before stay
+                    entry.refused = message
+                    for state in entry.versions.values():
+                        state.state, state.reason = UNAVAILABLE, state.reason or "unloaded"
                 raise error from None
             for config, _, kept in built:
                 if isinstance(kept, Model):
@@ -299,6 +322,7 @@ class ModelRegistry:
             entry.signature = source.signature if source else ""
             entry.config_override, entry.override_dir = config_override, override_dir
             entry.timestamp = recorded
+            entry.refused = ""
             retired = [model for model in old if all(model is not new for new in models)]
             for model in retired:
                 entry.versions.setdefault(model.version, VersionState(model.version, UNLOADING))
@@ -332,6 +356,7 @@ class ModelRegistry:
             return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
         async with entry.lock:
             entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
+            entry.refused = ""  # as a failed version's reason, an unload clears why it was refused
             # the times stay: loaded again it is a fresh load (nothing READY), and one with a config override keeps it
             # from a later load without one, as Triton keeps a model's times across an unload
             old = entry.ready
@@ -390,10 +415,20 @@ class ModelRegistry:
 
     # --- internals ---------------------------------------------------------------------------
     async def _prepare_ensemble(self, config: mc.ModelConfig) -> None:
-        """Load what an ensemble's steps need (as Triton does), then validate its graph against them."""
-        from serving_pod.schedulers.ensemble_graph import validate_mapping, validate_structure
+        """Load what an ensemble's steps need (as Triton does), then validate its graph against them. A refusal of its
+        own config reads as Triton's poll failure reason; one met with its composing models reads as Triton's
+        dependency failure: ``load failed for model '<ensemble>': <why>`` and a newline."""
+        from serving_pod.schedulers.ensemble_graph import validate_structure
 
         steps = validate_structure(config)
+        try:
+            await self._prepare_steps(config, steps)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"load failed for model '{config.name}': {exc}\n") from None
+
+    async def _prepare_steps(self, config: mc.ModelConfig, steps: Any) -> None:
+        from serving_pod.schedulers.ensemble_graph import validate_mapping
+
         chain = _ENSEMBLE_CHAIN.get()
         token = _ENSEMBLE_CHAIN.set(chain + (config.name,))
         try:
@@ -415,7 +450,7 @@ class ModelRegistry:
                 except ServerError as exc:
                     raise ModelLoadError(
                         f"ensemble '{config.name}' {step.label}: composing model "
-                        f"'{step.model_name}' failed to load: {exc}"
+                        f"'{step.model_name}' failed to load: {str(exc).rstrip(chr(10))}"
                     ) from None
                 finally:
                     self._waits.pop(config.name, None)

@@ -188,7 +188,7 @@ def validate_mapping(
         source = f"model '{step.model_name}'"
         if model.max_batch_size and model.max_batch_size < config.max_batch_size:
             raise ModelLoadError(
-                f"ensemble '{name}' allows maximum batch size {config.max_batch_size}, but it contains "
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains "
                 f"model {step.model_name} which only allows maximum batch size to be {model.max_batch_size}"
             )
         step_batching = model.max_batch_size > 0
