@@ -167,7 +167,7 @@ def _stream(grpc_url: str, model: str, values: list[int], empty_final: bool = Tr
 def _flows(answers: list[object]) -> tuple[list[list[int]], bool]:
     """The data responses (sorted: flows finish in any order) and whether the stream ended with a final flag
     (with the last data response or alone: timing-dependent in Triton)."""
-    data = sorted(out for out, _ in answers if isinstance(out, list))
+    data = sorted(answer[0] for answer in answers if isinstance(answer, tuple) and isinstance(answer[0], list))
     last = answers[-1]
     return data, isinstance(last, tuple) and last[1] is True
 
