@@ -318,6 +318,7 @@ def test_empty_final_response_is_a_response(threaded_server, repository) -> None
     assert _differing(got) == {}
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_answers_match_nvidia_tritons(repository) -> None:
     from support.triton import running_triton
 

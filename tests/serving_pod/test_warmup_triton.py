@@ -275,6 +275,7 @@ def test_refused_warmups_answer_tritons_words(ferry_answers: dict[str, Any], nam
     assert len(rows) == 1 and rows[0][0] == "UNAVAILABLE" and rows[0][1].startswith(expected)
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_warmup_answers_match_nvidia_tritons(ferry_answers: dict[str, Any], tmp_path: Path) -> None:
     """Every answer above side by side with Triton 2.51's."""
     from support.triton import running_triton, triton_or_skip

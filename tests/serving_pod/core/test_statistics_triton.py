@@ -395,6 +395,7 @@ def test_an_unloaded_model_is_gone(ferry: dict[str, Any]) -> None:
 
 
 # --- Ferry against Triton itself -----------------------------------------------------------------------------------
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_every_answer_matches_nvidia_tritons(ferry: dict[str, Any], triton: dict[str, Any]) -> None:
     """Every answer read, durations masked, equal field for field (order and types included), over HTTP and gRPC."""
     assert triton["codes"] == TRITON_CODES

@@ -293,6 +293,7 @@ def test_trace_file_records(repository, tmp_path, grpc_server):
     assert outputs == [("TENSOR_BACKEND_OUTPUT", "I", "0", "1", "INT32"), ("TENSOR_BACKEND_OUTPUT", "I", "1", "1", "INT32")]
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_trace_file_records_match_triton(repository, tmp_path):
     """Both of Ferry's gRPC front ends against Triton's one."""
     triton_or_skip()
@@ -415,6 +416,7 @@ def _one(value: Any) -> str:
     return value[0] if isinstance(value, list) else value
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_trace_settings_answers_match_triton(ferry_settings_answers, repository, tmp_path):
     triton_or_skip()
     with triton(repository, f"--trace-config=triton,file={tmp_path / 'trace.json'}") as ports:

@@ -116,6 +116,7 @@ def test_sequence_model_waits_for_a_shared_resource(repository: tuple[Path, Path
     assert all(overlap > 1 for _, overlap, _ in unlimited.values()), unlimited
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_sequence_model_waits_for_a_shared_resource_as_in_triton(repository: tuple[Path, Path]) -> None:
     from support.triton import running_triton
 
