@@ -130,12 +130,13 @@ class PythonBackend:
             return  # loading reports the missing file with the version it looked in
         executable = isolated_executable(config, Path(model_dir))
         label = config.name or Path(model_dir).name
+        seen = config_json(normalized_view(config, self.default_model_filename()))
         if executable is not None:
             from serving_pod.backends.python_isolated import run_auto_complete
 
-            edited = run_auto_complete(executable, str(model_file), config_json(config), label)
+            edited = run_auto_complete(executable, str(model_file), seen, label)
         else:
-            edited = _auto_complete_in_process(str(model_file), config_json(config), label)
+            edited = _auto_complete_in_process(str(model_file), seen, label)
         if edited is None:
             return
         from google.protobuf import json_format
@@ -144,11 +145,50 @@ class PythonBackend:
         completed = model_config_pb2.ModelConfig()
         try:
             json_format.ParseDict(edited, completed)
-        except json_format.ParseError as exc:
-            raise errors.ModelLoadError(
+        except json_format.ParseError as exc:  # Triton: "model configuration is not provided", which misleads
+            raise VersionLoadError(
                 f"auto_complete_config of python model '{label}' produced an invalid config: {exc}"
             ) from None
-        config.CopyFrom(completed)
+        keep_auto_completed(config, completed)
+
+
+def normalized_view(config: "ModelConfig", default_model_filename: str) -> "ModelConfig":
+    """What ``auto_complete_model_config.as_dict()`` shows: Triton normalizes the config before the backend
+    auto-completes it (named instance groups, version policy, optimization, default model file, a batcher's
+    preferred sizes), so a model reads the defaults it will be served with. A copy: only the edits
+    ``keep_auto_completed`` keeps reach the config."""
+    from serving_pod.repository import instance_groups, prepare
+
+    view = type(config)()
+    view.CopyFrom(config)
+    if not view.default_model_filename:
+        view.default_model_filename = default_model_filename
+    instance_groups.complete(view, default_kind="KIND_AUTO", gpus=instance_groups.visible_gpus(), gpu_capable=True)
+    prepare._normalize(view)  # noqa: SLF001  (the same defaults the served config gets)
+    return view
+
+
+def keep_auto_completed(config: "ModelConfig", completed: "ModelConfig") -> None:
+    """Triton core's ``UpdateModelConfig``: of what ``auto_complete_config`` returns only ``max_batch_size``, the
+    inputs and outputs, a scheduler where the config names none and ``model_transaction_policy.decoupled`` are
+    kept; any other edit made through ``as_dict()`` (name, instance groups, parameters...) is dropped."""
+    config.max_batch_size = completed.max_batch_size
+    del config.input[:]
+    config.input.extend(completed.input)
+    del config.output[:]
+    config.output.extend(completed.output)
+    choice = config.WhichOneof("scheduling_choice")
+    updated = completed.WhichOneof("scheduling_choice")
+    if choice is None:
+        if updated is not None:
+            getattr(config, updated).CopyFrom(getattr(completed, updated))
+    elif choice != updated:  # Triton's backend drops this error (and every edit) and loads the config as it was
+        raise VersionLoadError(
+            f"auto_complete_config of python model '{config.name}' cannot change the scheduling choice: the "
+            f"configuration specifies '{choice}', the auto-completed one '{updated or 'none'}'"
+        )
+    if completed.HasField("model_transaction_policy"):
+        config.model_transaction_policy.decoupled = completed.model_transaction_policy.decoupled
 
 
 def _find_model_file(config: "ModelConfig", model_dir: Path, version_dir: Path | None) -> Path | None:
@@ -186,7 +226,7 @@ def auto_complete_with_module(module: Any, config_text: str, label: str) -> dict
     except BaseException as exc:  # sys.exit() in a model fails its load, never the server
         raise VersionLoadError(f"{type(exc).__name__}: {exc}") from None  # Triton's words: the bare exception
     if not isinstance(result, pb_utils.ModelConfig):
-        raise errors.ModelLoadError(
+        raise VersionLoadError(
             f"auto_complete_config function in model '{label}' must return a valid pb.ModelConfig object."
         )
     return result.as_dict()
