@@ -150,28 +150,11 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
 
     @takes_serialized
     async def ModelInfer(self, request: bytes | pb.ModelInferRequest, context) -> bytes | pb.ModelInferResponse:
-        """Serialized in (the native front end), serialized out; a message in (grpc.aio), a message out."""
-        if self.engine.tracer.enabled:
-            return await self._infer_traced(request, context, Frontend(self.engine, "GRPC"))
-        serialized = type(request) is bytes
-        try:
-            infer_request = decode_serialized(request) if serialized else decode_infer_request(request)
-            if self.header_forward is not None:
-                self._forward(infer_request, context)
-        except ServerError as error:
-            await _abort(context, self._model_error(request, unary=True) or error)
-        try:
-            response = await self.engine.infer(infer_request)
-        except ServerError as error:
-            if isinstance(error, DecoupledModelError):
-                error = UnsupportedError(_DECOUPLED)
-            await _abort(context, error)
-        return encode_serialized(response) if serialized else encode_infer_response(response)
+        """Serialized in (the native front end), serialized out; a message in (grpc.aio), a message out.
 
-    async def _infer_traced(self, request: bytes | pb.ModelInferRequest, context: Any,
-                            frontend: Frontend) -> bytes | pb.ModelInferResponse:
-        """``ModelInfer`` while tracing is on: the engine sees ``frontend``; GRPC_SEND_* time the encoding (the
-        transport sends what the method returns)."""
+        While tracing is on the engine sees a ``Frontend`` (GRPC_WAITREAD_* from here to the decoded request),
+        and GRPC_SEND_* time the encoding: the transport sends what the method returns."""
+        frontend = Frontend(self.engine, "GRPC") if self.engine.tracer.enabled else None
         serialized = type(request) is bytes
         try:
             try:
@@ -181,17 +164,20 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             except ServerError as error:
                 await _abort(context, self._model_error(request, unary=True) or error)
             try:
-                response = await frontend.infer(infer_request)
+                response = await (self.engine if frontend is None else frontend).infer(infer_request)
             except ServerError as error:
                 if isinstance(error, DecoupledModelError):
                     error = UnsupportedError(_DECOUPLED)
                 await _abort(context, error)
+            if frontend is None:
+                return encode_serialized(response) if serialized else encode_infer_response(response)
             start = time.monotonic_ns()
             encoded = encode_serialized(response) if serialized else encode_infer_response(response)
             frontend.sent(start)
             return encoded
         finally:
-            frontend.done()
+            if frontend is not None:
+                frontend.done()
 
     def _model_error(self, request: bytes | pb.ModelInferRequest, *, unary: bool) -> ServerError | None:
         """For a request the codec refused: what Triton answers first, a model or version it cannot have, or a
