@@ -204,23 +204,8 @@ class InferEndpoint:
         await self.app(scope, receive, send)
 
     async def _infer(self, scope: dict, receive: Callable, send: Callable, model: str, version: str) -> None:
-        if self.engine.tracer.enabled:
-            await self._infer_traced(scope, receive, send, model, version, Frontend(self.engine, "HTTP"))
-            return
-        limit = self.max_input_size
-        try:
-            names = scope["extensions"].get(HEADER_NAMES) if self.header_forward and "extensions" in scope else None
-            head = infer_head(scope["headers"], limit, self.header_forward, names)
-            body = await read_body(receive, limit)
-        except ServerError as error:
-            await send_response(send, *error_answer(error))
-            return
-        status, payload, headers, content_type = await answer_infer(self.engine, head, body, model, version, limit)
-        await send_response(send, status, payload, headers, content_type)
-
-    async def _infer_traced(self, scope: dict, receive: Callable, send: Callable, model: str, version: str,
-                            frontend: Frontend) -> None:
-        """``_infer`` while tracing is on: the engine sees ``frontend``, which stamps the request read and written."""
+        """While tracing is on the engine sees a ``Frontend``, which stamps the request read and written."""
+        frontend = Frontend(self.engine, "HTTP") if self.engine.tracer.enabled else None
         limit = self.max_input_size
         try:
             try:
@@ -231,12 +216,17 @@ class InferEndpoint:
             except ServerError as error:
                 await send_response(send, *error_answer(error))
                 return
-            answer = await answer_infer(frontend, head, body, model, version, limit)
+            answer = await answer_infer(self.engine if frontend is None else frontend, head, body, model, version,
+                                        limit)
+            if frontend is None:
+                await send_response(send, *answer)
+                return
             start = time.monotonic_ns()
             await send_response(send, *answer)
             frontend.sent(start)
         finally:
-            frontend.done()
+            if frontend is not None:
+                frontend.done()
 
 
 def create_app(

@@ -273,42 +273,31 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         known[read[:end]] = KnownHead(cycle.model, cycle.version, cycle.head, cycle.keep_alive, cycle.size)
 
     async def _answer(self, cycle: InferCycle) -> None:
-        if self.engine.tracer.enabled:
-            await self._answer_traced(cycle, Frontend(self.engine, "HTTP"))
-            return
+        """Answer a buffered infer request; while tracing is on the engine sees a ``Frontend``, which stamps the
+        message read and written (HTTP_RECV_*, HTTP_SEND_*)."""
+        frontend = Frontend(self.engine, "HTTP") if self.engine.tracer.enabled else None
         chunks = cycle.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         cycle.chunks = []
         try:
-            answer = await answer_infer(self.engine, cycle.head, body, cycle.model, cycle.version,
-                                        self.max_input_size)
-        except Exception:  # answer_infer turns ServerErrors into answers; anything else is a bug
-            log.exception("inference request for model '%s' failed", cycle.model)
-            cycle.keep_alive = False
-            answer = 500, _INTERNAL, [], b"text/plain; charset=utf-8"
-        if self.flow.write_paused and not cycle.disconnected:
-            await self.flow.drain()
-        self._respond(cycle, answer)
-
-    async def _answer_traced(self, cycle: InferCycle, frontend: Frontend) -> None:
-        """``_answer`` while tracing is on: the engine sees ``frontend``, which stamps the message read and written."""
-        body = b"".join(cycle.chunks)
-        cycle.chunks = []
-        try:
             try:
-                answer = await answer_infer(frontend, cycle.head, body, cycle.model, cycle.version,
-                                            self.max_input_size)
-            except Exception:  # as _answer
+                answer = await answer_infer(self.engine if frontend is None else frontend, cycle.head, body,
+                                            cycle.model, cycle.version, self.max_input_size)
+            except Exception:  # answer_infer turns ServerErrors into answers; anything else is a bug
                 log.exception("inference request for model '%s' failed", cycle.model)
                 cycle.keep_alive = False
                 answer = 500, _INTERNAL, [], b"text/plain; charset=utf-8"
             if self.flow.write_paused and not cycle.disconnected:
                 await self.flow.drain()
+            if frontend is None:
+                self._respond(cycle, answer)
+                return
             start = time.monotonic_ns()
             self._respond(cycle, answer)
             frontend.sent(start)
         finally:
-            frontend.done()
+            if frontend is not None:
+                frontend.done()
 
     def _respond(self, cycle: InferCycle, answer: Answer) -> None:
         """Write the whole response, then let uvicorn go on (pipelined request, keep-alive timer)."""
