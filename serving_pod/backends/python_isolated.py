@@ -33,7 +33,7 @@ import sys
 import tarfile
 import tempfile
 import threading
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -245,7 +245,7 @@ class IsolatedInstance:
         with self._lock:
             open_requests, child.requests = child.requests, {}
         if self._closed:
-            self._fail_later(child, self._unloaded_error())
+            self._fail_later(child, python_model.unloaded_before_answer(self._spec.model_name))
         if self._closed or not open_requests:
             return
         error = self._crash_error(child)
@@ -272,23 +272,17 @@ class IsolatedInstance:
             child.writer.close()
             child.stop(timeout=10)
             metric_store(self._engine).release(child.owner)
-            self._fail_later(child, self._unloaded_error())
+            self._fail_later(child, python_model.unloaded_before_answer(self._spec.model_name))
         if channel is not None:
             channel.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _unloaded_error(self) -> errors.UnavailableError:
-        return errors.UnavailableError(  # as python_model.PythonModelInstance words it
-            f"model '{self._spec.model_name}' was unloaded before it sent a response through the response sender "
-            "of this request"
-        )
 
     def _fail_later(self, child: _Child, error: errors.ServerError) -> None:
         """Answer what the child still owes (it is gone, or the model unloaded) with ``error``."""
         with self._lock:
             owed, child.later = child.later, {}
         for later in owed.values():
-            _settle_later(later, error)
+            python_model.settle_later(later, error)
 
     # ------------------------------------------------------------------ execute
     def execute(self, requests: list[InferRequest]) -> list[Any]:
@@ -424,7 +418,7 @@ class IsolatedInstance:
                 if later is None and key in child.requests:  # else its caller went away
                     later = child.later[key] = Future()
             if later is not None:
-                _settle_later(later, result_from_wire(message))
+                python_model.settle_later(later, result_from_wire(message))
         elif kind == "stream":
             key, wire = args
             self._pool.submit(self._stream, child, key, request_from_wire(wire))
@@ -461,14 +455,6 @@ class IsolatedInstance:
                 pass
         finally:
             child.streams.pop(key, None)
-
-
-def _settle_later(later: Future, answer: Any) -> None:
-    """Set an answer given later, unless its caller went away (cancelled) or it is set."""
-    try:
-        later.set_result(answer)
-    except InvalidStateError:
-        pass
 
 
 def run_auto_complete(executable: str, model_file: str, config_text: str, label: str) -> Any:

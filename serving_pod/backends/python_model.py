@@ -213,12 +213,21 @@ def unload_module(module: ModuleType | None) -> None:
         python_argv.forget(package)
 
 
-def _settle(later: Future, answer: Any) -> None:
-    """Set a ``PythonModelInstance._answer_later`` future unless its caller went away (cancelled) or it is set."""
+def settle_later(later: Future, answer: Any) -> None:
+    """Set the future of an answer given later through a response sender (``PythonModelInstance._answer_later``, an
+    isolated child's ``answer`` message), unless its caller went away (cancelled) or it is set."""
     try:
         later.set_result(answer)
     except InvalidStateError:
         pass
+
+
+def unloaded_before_answer(model_name: str) -> errors.UnavailableError:
+    """The answer, at unload, to a request the model still owes through its response sender (Triton leaves the
+    client waiting and the model UNLOADING for good)."""
+    return errors.UnavailableError(
+        f"model '{model_name}' was unloaded before it sent a response through the response sender of this request"
+    )
 
 
 class _BackgroundLoop:
@@ -400,7 +409,7 @@ class PythonModelInstance:
                 answer: Any = link.to_domain(request, pb_request._result)
             except Exception as exc:  # never into the model's send()
                 answer = errors.InternalError(f"python model '{self._spec.model_name}': {describe(exc)}")
-            _settle(later, answer)
+            settle_later(later, answer)
 
         with self._later_lock:
             self._later.add(later)
@@ -420,10 +429,7 @@ class PythonModelInstance:
         with self._later_lock:
             owed, self._later = list(self._later), set()
         for later in owed:
-            _settle(later, errors.UnavailableError(
-                f"model '{self._spec.model_name}' was unloaded before it sent a response through the response "
-                "sender of this request"
-            ))
+            settle_later(later, unloaded_before_answer(self._spec.model_name))
 
     def _message(self, exc: BaseException | str) -> str:
         """Triton's wording; a misuse the backend found (a ``str``) carries no exception type."""
