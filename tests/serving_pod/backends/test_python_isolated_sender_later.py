@@ -102,25 +102,7 @@ def test_a_later_execute_runs_while_a_request_waits_on_its_sender(threaded_serve
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_an_unload_answers_a_request_the_model_never_answered(threaded_server: Any, repository: Path,
                                                               monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
-    from serving_pod.backends import python_model
-
-    monkeypatch.setattr(python_model, "UNLOAD_GRACE_S", 0.2)  # handed to the child with its finalize
-    server = threaded_server([repository], model_control_mode="explicit", load_models=("relay",))
-    url = _url(server, protocol)
-    seen: list[Any] = []
-    waiting = threading.Thread(target=lambda: seen.append(_ask(protocol, url, "relay", -1)))
-    waiting.start()
-    client = server.client("http")
-    answered = _ask(protocol, url, "relay", 7)
-    while answered == [8]:  # executed before the waiting request got to its execute
-        answered = _ask(protocol, url, "relay", 7)
-    assert answered == [108]  # executed while the other waits: the instance is free
-    client.unload_model("relay")
-    waiting.join(45)
-    status = "503" if protocol == "http" else "StatusCode.UNAVAILABLE"
-    assert seen == [[status, "model 'relay' was unloaded before it sent a response through the response sender "
-                             "of this request"]]
-    assert not client.is_model_ready("relay")
+    _cases._unload_answers_the_request_never_answered(threaded_server, repository, monkeypatch, protocol)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -217,6 +217,13 @@ def test_a_later_execute_runs_while_a_request_waits_on_its_sender(threaded_serve
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_an_unload_answers_a_request_the_model_never_answered(threaded_server: Any, repository: Path,
                                                               monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    _unload_answers_the_request_never_answered(threaded_server, repository, monkeypatch, protocol)
+
+
+def _unload_answers_the_request_never_answered(threaded_server: Any, repository: Path,
+                                               monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """One request waits on ``relay``'s sender for good, a later one runs meanwhile; the unload waits
+    UNLOAD_GRACE_S (handed to an isolated child with its finalize) and answers the waiting request itself."""
     from serving_pod.backends import python_model
 
     monkeypatch.setattr(python_model, "UNLOAD_GRACE_S", 0.2)
