@@ -39,6 +39,35 @@ class TritonPythonModel:
 '''
 
 
+#: decoupled ``counter``: N responses I = 0..N-1, then the final flag; N = -k sends k - 1 responses and an error
+COUNT_CONFIG = """
+name: "counter"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+COUNT_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(abs(count) - 1 if count < 0 else count):  # -k: k - 1 responses, then an error
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+            if count < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative count")))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
 def install_python_model(
     repository: Path,
     source: str,

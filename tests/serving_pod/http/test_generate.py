@@ -19,6 +19,7 @@ from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferResponse, Tensor
 from serving_pod.http import generate
 from serving_pod.http.generate import decode_generate_request, encode_generate_response
+from support.python_models import COUNT_CONFIG, COUNT_MODEL
 from support.server import write_model
 
 TEXT_CONFIG = """
@@ -54,34 +55,6 @@ class TritonPythonModel:
                 pb_utils.Tensor("lengths", np.arange(count, dtype=np.int32))]))
         return out
 '''
-
-COUNT_CONFIG = """
-name: "counter"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-COUNT_MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
-            sender = request.get_response_sender()
-            for i in range(abs(count) - 1 if count < 0 else count):  # -k: k - 1 responses, then an error
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
-            if count < 0:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative count")))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-'''
-
 
 MIXED_CONFIG = COUNT_CONFIG.replace('"counter"', '"mixed"')
 

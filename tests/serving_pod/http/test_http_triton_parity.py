@@ -22,32 +22,8 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 import pytest
-from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL, COUNT_CONFIG, COUNT_MODEL
 from support.server import ServerThread, make_options, write_model
-
-COUNTER_CONFIG = """
-name: "counter"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-COUNTER_MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            for i in range(int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-'''
 
 FAILS_CONFIG = ADD_SUB_CONFIG.replace('"add_sub"', '"fails"')
 
@@ -322,7 +298,7 @@ def _answer(port: int, case: Case) -> Answer:
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("http_parity")
     write_model(path, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
-    write_model(path, "counter", COUNTER_CONFIG, {"1/model.py": COUNTER_MODEL})
+    write_model(path, "counter", COUNT_CONFIG, {"1/model.py": COUNT_MODEL})
     write_model(path, "fails", FAILS_CONFIG, {"1/model.py": FAILS_MODEL})
     return path
 
