@@ -22,6 +22,7 @@ from pathlib import Path
 from serving_pod import cli_compat, cli_extensions
 from serving_pod.cli_extensions import lowered, number, parse_bool as _bool
 from serving_pod.core.engine import EngineOptions
+from serving_pod.logging_settings import MAX_VERBOSE_LEVEL
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
 
 
@@ -33,6 +34,14 @@ def _port(value: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
     return port
+
+
+def _log_verbose(value: str) -> int:
+    """A verbose level: tritonserver's is an int32 (its words above that; it reads -1 as 0, Ferry refuses it)."""
+    level = number(int)(value)
+    if level > MAX_VERBOSE_LEVEL:
+        raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
+    return level
 
 
 def _backend_config(value: str) -> tuple[str, str, str]:
@@ -125,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-limit", type=lowered, choices=["off", "execution_count"], default="off")
     add("--rate-limit-resource", action="append", default=[], type=_rate_limit_resource,
         help="<name>:<count>[:<device>] copies of a rate limiter resource (repeatable)")
-    add("--log-verbose", type=number(int), default=0)
+    add("--log-verbose", type=_log_verbose, default=0)
     add("--log-info", type=_bool, default=True)
     add("--log-warning", type=_bool, default=True)
     add("--log-error", type=_bool, default=True)

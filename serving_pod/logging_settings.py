@@ -2,41 +2,78 @@
 
 ``/v2/logging`` and the ``LogSettings`` RPC read and update ``log_info``, ``log_warning``,
 ``log_error``, ``log_verbose_level`` and ``log_format``. ``log_file`` is fixed by ``--log-file``
-at start and read-only through the API: Triton once let clients point it anywhere, which made
-the logging API an arbitrary-file-write primitive.
+at start: as tritonserver 2.51, any update naming it is refused (HTTP 501, gRPC UNIMPLEMENTED),
+whatever its value; Triton once let clients point it anywhere, an arbitrary-file-write primitive.
 
 ``LogSettings.install`` (called by the CLI) puts one handler on the root logger, writing to
-stderr or the log file; its filter applies the per-level switches, so updates take effect at
-once without touching other handlers (in-process test servers only change the ``ferry`` level).
-A log file that cannot be opened does not stop the server: as tritonserver, it logs to stderr
-instead (and, unlike tritonserver, says so). Line heads follow tritonserver's formats, in UTC:
-``LMMDD hh:mm:ss.ssssss`` and ``YYYY-MM-DDThh:mm:ssZ L``; the logger's name stands where
-tritonserver puts its process id and source file.
+stderr or the log file; its filter applies the per-level switches and the root level follows
+the verbose level, so updates take effect at once without touching other handlers (in-process
+test servers only change the ``ferry`` level). A log file that cannot be opened does not stop
+the server: as tritonserver, it logs to stderr instead and reads back ``log_file`` as ""
+(and, unlike tritonserver, says why).
+
+Entries follow tritonserver's formats (its extension_logging.md), in UTC:
+``LMMDD hh:mm:ss.ssssss <pid> <file>:<line>] <message>`` and
+``YYYY-MM-DDThh:mm:ssZ L <pid> <file>:<line>] <message>``; ``L`` is E, W or I (verbose
+messages are I, as tritonserver's). The message is a JSON string (quoted, with ``"``, ``\\``
+and control characters escaped, so no message can forge an entry) unless
+``TRITON_SERVER_ESCAPE_LOG_MESSAGES=0``; a traceback follows on its own lines, as
+tritonserver's multi-line entries (tables, configs) follow their heading.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import sys
 import time
 from typing import Any
 
 from serving_pod.core.errors import InvalidArgumentError, UnavailableError, UnsupportedError
 
-FORMATS = {
-    "default": ("%(levelname).1s%(asctime)s %(name)s] %(message)s", "%m%d %H:%M:%S.%f"),
-    "ISO8601": ("%(asctime)sZ %(levelname).1s %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S"),
-}
+#: the log_format values (module docstring)
+FORMATS = ("default", "ISO8601")
+#: tritonserver's verbose level is an int32: it reads larger levels back as 0 (and its CLI refuses them)
+MAX_VERBOSE_LEVEL = 2**31 - 1
+ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+_KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
+_ESCAPED = re.compile(r'[\x00-\x1f"\\]')
+_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape(message: str) -> str:
+    """``message`` as a JSON string, as tritonserver writes it (UTF-8 kept, ``\\u001B`` in upper case)."""
+    return '"' + _ESCAPED.sub(lambda m: _SHORT.get(m[0]) or f"\\u{ord(m[0]):04X}", message) + '"'
+
+
+def level_letter(levelno: int) -> str:
+    """tritonserver's E, W or I (it writes verbose messages as I)."""
+    return "E" if levelno >= logging.ERROR else "W" if levelno >= logging.WARNING else "I"
 
 
 class _Formatter(logging.Formatter):
-    """Times in UTC, with ``%f`` for the microseconds (tritonserver's ``LMMDD hh:mm:ss.ssssss``)."""
+    """One entry in tritonserver's ``log_format`` (module docstring)."""
 
-    converter = time.gmtime
+    def __init__(self, log_format: str, *, escaped: bool) -> None:
+        super().__init__()
+        self.log_format, self.escaped = log_format, escaped
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        text = super().formatTime(record, (datefmt or "%Y-%m-%d %H:%M:%S").replace("%f", "{micros}"))
-        return text.replace("{micros}", f"{int(record.created % 1 * 1_000_000):06d}")
+    def format(self, record: logging.LogRecord) -> str:
+        utc, letter = time.gmtime(record.created), level_letter(record.levelno)
+        if self.log_format == "default":
+            head = f"{letter}{time.strftime('%m%d %H:%M:%S', utc)}.{int(record.created % 1 * 1_000_000):06d}"
+        else:
+            head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', utc)} {letter}"
+        message = record.getMessage()
+        text = f"{head} {record.process} {record.filename}:{record.lineno}] "
+        text += escape(message) if self.escaped else message
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for extra in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if extra:
+                text += "\n" + extra
+        return text
 
 
 class LogSettings(logging.Filter):
@@ -57,6 +94,7 @@ class LogSettings(logging.Filter):
             raise ValueError(f"invalid log format '{format}': expected default or ISO8601")
         self.file, self.info, self.warning, self.error = file, info, warning, error
         self.verbose, self.format = verbose, format
+        self.escaped = True  # install() reads TRITON_SERVER_ESCAPE_LOG_MESSAGES
         self.handler: logging.Handler | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,18 +111,20 @@ class LogSettings(logging.Filter):
         """Validate every change first, then apply them all; returns the new settings."""
         staged: dict[str, Any] = {}
         for key, value in changes.items():
-            if value is None:
+            if key not in _KEYS:  # tritonserver ignores them: a misspelt key would change nothing, silently
+                raise InvalidArgumentError(f"unknown log setting '{key}'")
+            if value is None:  # HTTP null: no change, as tritonserver (gRPC refuses an empty value before this)
                 continue
-            if key == "log_file":
-                if value != self.file:
-                    raise UnsupportedError("log file location can not be updated through network protocol")
-            elif key in ("log_info", "log_warning", "log_error"):
+            if key == "log_file":  # any value, the current one too: tritonserver's code and words
+                raise UnsupportedError("log file location can not be updated through network protocol")
+            if key in ("log_info", "log_warning", "log_error"):
                 if not isinstance(value, bool):
                     raise InvalidArgumentError(f"'{key}' must be a boolean, got {value!r}")
                 staged[key[4:]] = value
             elif key == "log_verbose_level":
-                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
-                    raise InvalidArgumentError(f"'log_verbose_level' must be an unsigned integer, got {value!r}")
+                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_VERBOSE_LEVEL:
+                    raise InvalidArgumentError(
+                        f"'log_verbose_level' must be an integer from 0 to {MAX_VERBOSE_LEVEL}, got {value!r}")
                 staged["verbose"] = value
             elif key == "log_format":
                 if not isinstance(value, str):  # Triton's gRPC words; it was UNAVAILABLE "invalid argument ..."
@@ -92,8 +132,6 @@ class LogSettings(logging.Filter):
                 if value not in FORMATS:
                     raise UnavailableError(f"invalid argument for --log_format, got: {value}")
                 staged["format"] = value
-            else:
-                raise InvalidArgumentError(f"unknown log setting '{key}'")
         for name, value in staged.items():
             setattr(self, name, value)
         self.apply()
@@ -111,11 +149,13 @@ class LogSettings(logging.Filter):
         return self.verbose > 0
 
     def apply(self) -> None:
-        """Make the settings effective: the ``ferry`` level and the installed handler's format."""
-        logging.getLogger("ferry").setLevel(logging.DEBUG if self.verbose else logging.INFO)
+        """Make the settings effective: the ``ferry`` level and, once installed, the root level (every
+        logger's verbose messages, python models' ``log_verbose`` too) and the handler's format."""
+        level = logging.DEBUG if self.verbose else logging.INFO
+        logging.getLogger("ferry").setLevel(level)
         if self.handler is not None:
-            fmt, datefmt = FORMATS[self.format]
-            self.handler.setFormatter(_Formatter(fmt, datefmt))
+            logging.getLogger().setLevel(level)
+            self.handler.setFormatter(_Formatter(self.format, escaped=self.escaped))
 
     def install(self) -> None:
         """Route the root logger to stderr or ``file`` through this filter (the CLI calls this once)."""
@@ -126,12 +166,13 @@ class LogSettings(logging.Filter):
                 handler = logging.FileHandler(self.file, encoding="utf-8")
             except OSError as exc:
                 unopened = f"cannot open log file {self.file}: {exc.strerror or exc}; logging to stderr instead"
+                self.file = ""  # tritonserver reads back "" too: nothing is written there
         handler.addFilter(self)
         root = logging.getLogger()
         for old in list(root.handlers):
             root.removeHandler(old)
         root.addHandler(handler)
-        root.setLevel(logging.DEBUG if self.verbose else logging.INFO)
+        self.escaped = os.environ.get(ESCAPE_VARIABLE) != "0"  # unset or anything but "0": escaped
         self.handler = handler
         self.apply()
         if unopened:

@@ -11,14 +11,14 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from serving_pod.core.errors import InvalidArgumentError, ServerError, grpc_code
+from serving_pod.core.errors import InvalidArgumentError, ServerError, UnsupportedError, grpc_code
 from serving_pod.logging_settings import FORMATS
 from serving_pod.shm import CUDA, SYSTEM
 
 #: LogSettings keys -> (the parameter they take, Triton's word for its type)
 _LOG_TYPES = {"log_info": ("bool_param", "boolean"), "log_warning": ("bool_param", "boolean"),
               "log_error": ("bool_param", "boolean"), "log_verbose_level": ("uint32_param", "int32"),
-              "log_format": ("string_param", "string"), "log_file": ("string_param", "string")}
+              "log_format": ("string_param", "string")}
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
@@ -104,6 +104,8 @@ class ExtensionsMixin:
         try:
             for key, setting in request.settings.items():
                 which = setting.WhichOneof("parameter_choice")
+                if key == "log_file":  # of any type or none: tritonserver refuses it before looking at it
+                    raise UnsupportedError("log file location can not be updated through network protocol")
                 expected = _LOG_TYPES.get(key)
                 if expected is not None and which != expected[0]:  # an empty value too: Triton refuses it
                     raise InvalidArgumentError(f"expect {expected[1]} for '{key}'")

@@ -3,6 +3,7 @@ and the SIGTERM lifecycle (not ready -> drain in-flight -> finalize -> exit 0), 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -195,7 +196,8 @@ def test_start_lines_name_each_started_service_as_tritonserver(disabled, tmp_pat
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
-    started = [line.split("] ", 1)[-1] for line in stderr.splitlines() if "] Started " in line]
+    # tritonserver 2.51 writes each message as a JSON string: ``... server.py:192] "Started HTTPService at ..."``
+    started = [json.loads(line.split("] ", 1)[-1]) for line in stderr.splitlines() if '] "Started ' in line]
     expected = [f"Started GRPCInferenceService at 127.0.0.1:{grpc_port}", f"Started HTTPService at 127.0.0.1:{http}",
                 f"Started Metrics Service at 127.0.0.1:{metrics}"]
     dropped = {"--allow-grpc=false": expected[0], "--allow-metrics=false": expected[2]}.get(disabled or "")
