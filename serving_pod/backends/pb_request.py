@@ -399,29 +399,50 @@ class InferenceRequest:
 
 
 class ResponseIterator:
-    """Responses of a decoupled BLS call (``exec(decoupled=True)``), in order."""
+    """Responses of a decoupled BLS call (``exec(decoupled=True)``), in order.
+
+    As Triton's: the iteration ends with the last response (the called model's final one, or an error), and
+    the responses are kept, so once all were read a new ``for`` loop over the iterator reads them again from
+    the first (one broken out of resumes where it stopped).
+    """
 
     def __init__(self, source: Iterable[Any], convert: Callable[[Any], InferenceResponse], cancel: Any) -> None:
         self._source: Iterator[Any] = iter(source)
         self._convert = convert
         self._cancel = cancel
         self._done = False
+        self._responses: list[InferenceResponse] = []
+        self._index = 0  # the next kept response to give once done
 
     def __iter__(self) -> "ResponseIterator":
+        if self._done and self._index >= len(self._responses):
+            self._index = 0
         return self
 
     def __next__(self) -> InferenceResponse:
         if self._done:
-            raise StopIteration
+            if self._index >= len(self._responses):
+                raise StopIteration
+            self._index += 1
+            return self._responses[self._index - 1]
         try:
             item = next(self._source)
         except StopIteration:
-            self._done = True
+            self._finish()
             raise
         except Exception as exc:  # an engine error mid-stream becomes the last response
-            self._done = True
-            return self._convert(exc)
-        return self._convert(item)
+            item, last = exc, True
+        else:
+            last = bool(getattr(item, "final", True))
+        response = self._convert(item)
+        self._responses.append(response)
+        if last:
+            self._finish()
+        return response
+
+    def _finish(self) -> None:
+        self._done = True
+        self._index = len(self._responses)
 
     def cancel(self) -> None:
         if self._cancel is not None:
