@@ -34,7 +34,8 @@ from when the front end takes the message to its decoded request) and HTTP_SEND_
 written), GRPC_WAITREAD_START/GRPC_WAITREAD_END and GRPC_SEND_START/GRPC_SEND_END (one pair per response sent on
 a stream). A front end that sees tracing on hands the engine a ``Frontend`` (one ``enabled`` check per request;
 nothing else on the untraced path); the trace it gets is written when both the engine and the front end are done
-with it. A request through ``--http-workers`` is traced by the server process alone (no HTTP_* timestamps).
+with it. An ``--http-workers`` process stamps its HTTP_* timestamps and hands them over with the request and after
+its answer (``http.workers``; ``Tracer.listeners`` tell it when tracing turns on or off).
 The CLI takes Triton's level aliases (MIN, MAX, ON, TRUE = TIMESTAMPS, FALSE = OFF) and ORs repeated
 levels, as tritonserver does.
 
@@ -330,12 +331,6 @@ class Frontend:
         self.tracer.done(self)
 
 
-class Off:
-    """The tracer of an engine that traces nothing itself (a protocol worker's ``RemoteEngine``)."""
-
-    enabled = False
-
-
 class _Setting:
     """One live setting (Triton's TraceSetting): its config, sampling counter and traces not yet saved."""
 
@@ -360,6 +355,8 @@ class Tracer:
         self.overrides: dict[str, dict[str, Any]] = {}
         self.model_settings: dict[str, _Setting] = {}
         self.enabled = not config.invalid
+        #: called with ``enabled`` after each update (``http.workers`` tells its worker processes)
+        self.listeners: list[Callable[[bool], None]] = []
         self._next_id = 1
         self._lock = threading.Lock()
         self._sink = TraceSink(config, otel_tracer=otel_tracer)
@@ -401,6 +398,8 @@ class Tracer:
                     self._retire(self.model_settings[name])
                     self.model_settings[name] = _Setting(model_config)
             self.enabled = not self.config.invalid or any(not s.config.invalid for s in self.model_settings.values())
+        for listener in self.listeners:
+            listener(self.enabled)
         return self.settings(model)
 
     def start(self, model: str, version: str, request_id: str, arrival_ns: int, parent: Trace | None = None

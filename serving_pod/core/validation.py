@@ -8,6 +8,11 @@ size to this module (``datatypes.DataDefect``), so that a request wrong in two w
 one as by Triton, in the same words. Most refusals start with ``[request id: <id>] `` (``<id_unknown>`` for a
 request without an id); an unknown input or output does not (Triton's ``Model::GetInput`` words them).
 
+Triton keeps a request's inputs in a ``std::unordered_map`` and makes every check after the repeated-input one in
+that map's order: for two inputs the reverse of the request's, in general libstdc++'s hash order
+(``triton_order``). A refused request is checked again in that order, so the input named is Triton's (the other
+one of two whose batch sizes differ, the second of two wrong ones); an accepted request never pays for it.
+
 Where Triton takes what it should not, Ferry refuses in its own words: a required input missing beside an
 optional one sent (Triton's model gets None), a batch of 0 (Triton runs it as a batch of one or mis-sizes it),
 a BYTES element longer than its data (worded as Triton's python backend words it, after every other check).
@@ -19,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from serving_pod.core.datatypes import WIRE_TO_NUMPY
 from serving_pod.core.errors import InvalidArgumentError
-from serving_pod.core.types import InferRequest
+from serving_pod.core.types import InferRequest, Tensor
 
 if TYPE_CHECKING:
     from serving_pod.core.model import Model
@@ -55,9 +60,62 @@ def shape_matches(shape: tuple[int, ...], config: tuple[int, ...]) -> bool:
     return True
 
 
-def _count_error(model: Model, request: InferRequest) -> InvalidArgumentError:
+#: libstdc++'s bucket counts for a ``std::unordered_map`` grown one element at a time: each holds up to its count
+_BUCKETS = (13, 29, 59, 127, 257, 541, 1109, 2357, 5087)
+_MASK = (1 << 64) - 1
+_MUL = 0xC6A4A7935BD1E995
+
+
+def _shift_mix(value: int) -> int:
+    return value ^ (value >> 47)
+
+
+def _hash(name: str) -> int:
+    """libstdc++'s ``std::hash<std::string>`` (``_Hash_bytes``, 64-bit, seed ``0xc70f6907``)."""
+    data = name.encode()
+    size = len(data)
+    aligned = size & ~7
+    value = 0xC70F6907 ^ ((size * _MUL) & _MASK)
+    for at in range(0, aligned, 8):
+        word = int.from_bytes(data[at:at + 8], "little")
+        value = ((value ^ ((_shift_mix((word * _MUL) & _MASK) * _MUL) & _MASK)) * _MUL) & _MASK
+    if size & 7:
+        value = ((value ^ int.from_bytes(data[aligned:], "little")) * _MUL) & _MASK
+    return _shift_mix((_shift_mix(value) * _MUL) & _MASK)
+
+
+def triton_order(names: list[str]) -> list[str]:
+    """The order in which Triton's core visits inputs added in the order ``names``: a libstdc++
+    ``std::unordered_map``'s, whose nodes are one list where a node goes first among those of its bucket, or
+    first of all when its bucket is empty, and a rehash inserts the nodes again in list order. Past the
+    buckets known here (5,087 inputs), the names' own order."""
+    if len(names) > _BUCKETS[-1]:
+        return list(names)
+    hashes = {name: _hash(name) for name in names}
+    nodes: list[str] = []
+    buckets = 0
+
+    def insert(into: list[str], name: str) -> None:
+        bucket = hashes[name] % buckets
+        for at, other in enumerate(into):
+            if hashes[other] % buckets == bucket:
+                into.insert(at, name)
+                return
+        into.insert(0, name)
+
+    for count, name in enumerate(names, 1):
+        if count > buckets:
+            buckets = next(size for size in _BUCKETS if size >= count)
+            old, nodes = nodes, []
+            for other in old:
+                insert(nodes, other)
+        insert(nodes, name)
+    return nodes
+
+
+def _count_error(model: Model, request: InferRequest, inputs: list[Tensor]) -> InvalidArgumentError:
     """Triton's refusal of a request without every required input (or with more inputs than the model has)."""
-    sent = [tensor.name for tensor in request.inputs]
+    sent = [tensor.name for tensor in inputs]
     missing = [name for name in model.inputs if name in model.required_inputs and name not in sent]
     total, required = len(model.inputs), len(model.required_inputs)
     expected = f"{total} inputs" if total == required else f"number of inputs between {required} and {total}"
@@ -70,8 +128,6 @@ def _count_error(model: Model, request: InferRequest) -> InvalidArgumentError:
 
 def check(model: Model, request: InferRequest) -> None:
     """InvalidArgumentError, in Triton's words, for the first thing Triton's core refuses in ``request``."""
-    name = model.name
-    specs = model.inputs
     inputs = request.inputs
     if len(inputs) > 1 and len({tensor.name for tensor in inputs}) != len(inputs):
         seen: set[str] = set()
@@ -79,19 +135,35 @@ def check(model: Model, request: InferRequest) -> None:
             if tensor.name in seen:
                 raise InvalidArgumentError(f"{prefix(request)}input '{tensor.name}' already exists in request")
             seen.add(tensor.name)
+    try:
+        _check(model, request, inputs)
+        return
+    except InvalidArgumentError as error:
+        if len(inputs) < 2:
+            raise
+        refused = error
+    by_name = {tensor.name: tensor for tensor in inputs}
+    _check(model, request, [by_name[name] for name in triton_order(list(by_name))])
+    raise refused  # not reached: the same inputs in another order are refused too
+
+
+def _check(model: Model, request: InferRequest, inputs: list[Tensor]) -> None:
+    """``check`` after the repeated-input one, visiting ``inputs`` in the order given."""
+    name = model.name
+    specs = model.inputs
     if request.outputs:
         for output in request.outputs:
             if output.name not in model.outputs:
                 raise InvalidArgumentError(f"unexpected inference output '{output.name}' for model '{name}'")
     if len(inputs) > len(specs) or len(inputs) < len(model.required_inputs):
-        raise _count_error(model, request)
+        raise _count_error(model, request, inputs)
     present = 0
     for tensor in inputs:
         if tensor.name not in specs:
             raise InvalidArgumentError(f"unexpected inference input '{tensor.name}' for model '{name}'")
         present += tensor.name in model.required_inputs
     if present != len(model.required_inputs):
-        raise _count_error(model, request)
+        raise _count_error(model, request, inputs)
     max_batch = model.max_batch_size
     if max_batch > 0:
         batch = -1

@@ -1,5 +1,6 @@
 """``--http-workers``: extra HTTP protocol processes share the one engine (one set of statistics, one model
-control), every route works through them, and they go away with the server."""
+control), every route works through them, their requests are traced with the HTTP_* timestamps as the server's own
+are, and they go away with the server."""
 
 from __future__ import annotations
 
@@ -169,3 +170,108 @@ def test_header_forward_pattern_holds_on_every_worker(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "HTTP_SEND_START", "HTTP_SEND_END"]
+
+
+def _traces(path) -> dict[str, list[str]]:
+    """request id -> its timestamps' names in time (the trace file's records, as in protocol/test_trace_triton.py)."""
+    import json
+
+    ids: dict[int, str] = {}
+    stamps: dict[int, list[tuple[int, str]]] = {}
+    for record in json.loads(path.read_text()):
+        if "timestamps" in record:
+            stamps.setdefault(record["id"], []).extend((t["ns"], t["name"]) for t in record["timestamps"])
+        elif "model_name" in record:
+            ids[record["id"]] = record.get("request_id", "")
+    return {ids[key]: [name for _, name in sorted(stamps.get(key, []))] for key in ids}
+
+
+def test_requests_through_workers_carry_the_http_timestamps(tmp_path):
+    """Tracing turned on through the API: whichever process read a request, its trace has HTTP_RECV_* before and
+    HTTP_SEND_* after the engine's timestamps, on the direct and the ASGI path; a refused request and the requests
+    after tracing is turned off again are not traced."""
+    trace_file = tmp_path / "trace.json"
+    (tmp_path / "models").mkdir()
+    process, http = _spawn(tmp_path / "models", f"--trace-config=triton,file={trace_file}",
+                           "--trace-config=level=OFF", "--trace-config=rate=1")
+    url = f"http://127.0.0.1:{http}/v2"
+    try:
+        assert len(_workers_of(process)) == 2
+
+        def infer(request_id: str, query: str = "", name: str = "INPUT0") -> int:
+            body = {"id": request_id, "inputs": [{"name": name, "shape": [1, 4], "datatype": "FP32",
+                                                  "data": [1, 2, 3, 4]}]}
+            with httpx.Client() as client:  # fresh connections: the kernel spreads them over the three processes
+                return client.post(f"{url}/models/m/infer{query}", json=body, timeout=30).status_code
+
+        with httpx.Client() as client:
+            assert client.post(f"{url}/trace/setting", json={"trace_level": ["TIMESTAMPS"]},
+                               timeout=30).status_code == 200
+        assert [infer(f"d{i}") for i in range(16)] == [200] * 16
+        assert [infer(f"a{i}", "?ferry=asgi") for i in range(8)] == [200] * 8
+        assert infer("bad", name="NOPE") == 400
+        with httpx.Client() as client:
+            assert client.post(f"{url}/trace/setting", json={"trace_level": ["OFF"]}, timeout=30).status_code == 200
+        assert [infer(f"off{i}") for i in range(6)] == [200] * 6
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    traces = _traces(trace_file)
+    assert sorted(traces) == sorted([f"d{i}" for i in range(16)] + [f"a{i}" for i in range(8)])
+    for request_id, names in traces.items():
+        assert [name for name in names if name.startswith("HTTP_") or name == "REQUEST_START"] == HTTP_ORDER, \
+            request_id
+        assert names[-1] in ("HTTP_SEND_END", "REQUEST_END") and "REQUEST_END" in names, request_id
+
+
+def test_bridge_writes_a_worker_traced_request_once_both_sides_are_done(tmp_path):
+    """The server's side of a traced request from a worker, in one process: its trace is written when the engine
+    and the worker's ``SENT`` are both in, with the worker's timestamps; a ``SENT`` before the engine took the
+    request leaves the engine to trace it alone, and a lost connection writes what it held."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from serving_pod.core.types import InferRequest, Tensor
+    from serving_pod.http import workers
+    from serving_pod.trace import Tracer, parse_trace_config
+
+    path = tmp_path / "trace.json"
+    tracer = Tracer(parse_trace_config([f"triton,file={path}", "level=TIMESTAMPS", "rate=1"]))
+    bridge = workers.Bridge(None, SimpleNamespace(tracer=tracer))
+    shutil.rmtree(bridge.directory)  # never started: only the tracing flag's file
+    connection = workers._BridgeConnection(bridge)
+    wire = workers.request_to_wire(InferRequest("m", "1", [Tensor("INPUT0", "FP32", np.zeros((1, 4), np.float32))]))
+    received = [("HTTP_RECV_START", 10), ("HTTP_RECV_END", 20)]
+
+    def admitted(key: int, request_id: str) -> InferRequest:
+        request = connection._traced_request(key, wire, received)
+        request.trace = tracer.start("m", "1", request_id, 30, request.trace)  # as the engine does
+        return request
+
+    def written() -> dict[str, list[tuple[str, int]]]:
+        records = json.loads(path.read_text()) if path.exists() else []
+        ids = {r["id"]: r.get("request_id") for r in records if "model_name" in r}
+        return {ids[i]: [(t["name"], t["ns"]) for r in records if r["id"] == i and "timestamps" in r
+                         for t in r["timestamps"]] for i in ids}
+
+    first = admitted(1, "r1")
+    tracer.finish(first.trace)
+    assert written() == {}  # the worker has not written the answer yet
+    connection.frame_received((1, workers.SENT, [(40, 50)]))
+    stamps = written()["r1"]
+    assert stamps[:3] == [*received, ("REQUEST_START", 30)] and stamps[-2:] == [("HTTP_SEND_START", 40),
+                                                                                 ("HTTP_SEND_END", 50)]
+    early = connection._traced_request(2, wire, received)
+    connection.frame_received((2, workers.SENT, []))
+    assert early.trace is None and connection.traced == {}
+    held = admitted(3, "r3")
+    tracer.finish(held.trace)
+    connection.connection_lost(None)
+    assert [name for name, _ in written()["r3"]][:3] == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START"]
+    tracer.close()
