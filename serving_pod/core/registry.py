@@ -5,15 +5,16 @@ loader thread (the event loop keeps serving), then swaps new versions in atomica
 the previous versions serving, and a failed (re)load leaves nothing behind: the instances it made
 are finalized and the versions it assembled leave the rate limiter. As Triton 2.51, a first load refused before any
 version is tried (its config, an ensemble's composing models) lists no version of the model (its row: UNAVAILABLE
-and the reason); a version whose
-scheduler refuses it (a sequence state) is that version's failure (``core.load_errors``). Unloading drains a version's
-scheduler before finalizing its instances.
+and the reason, where Triton's holds the name only); a config refused where Triton's repository poll refuses it answers
+Triton's 500 ``failed to poll from model repository``, with the reason after it; a version whose scheduler refuses it
+(a sequence state) is that version's failure (``core.load_errors``). Unloading drains a version's scheduler before
+finalizing its instances.
 
 As Triton, ensembles follow their composing models: unloading a model unloads the ensembles whose steps
 name it (and theirs), which load again once all their composing models are READY (as they were loaded: a
 load-time config override stays); reloading a composing model reloads the READY ensembles over it. An ensemble
-unloaded on purpose stays unloaded. Ensembles over each other, loaded at once, fail instead of waiting for each
-other forever.
+unloaded on purpose stays unloaded. Ensembles over themselves or each other (loaded at once too, instead of
+waiting for each other forever) are refused with Triton's ``circular dependency between ensembles``.
 
 A load of a loaded model does what Triton's does (``core.updates``): nothing when no file of the model directory is
 newer than at its last load (a ``config`` override always counts as newer, and makes a later load without one find
@@ -35,9 +36,16 @@ from typing import Any, Callable
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.builder import Built, BuiltInstances, VersionBuilder, close_instances
-from serving_pod.core.load_errors import VersionsUnavailable, version_reason
+from serving_pod.core.load_errors import (
+    CircularDependency,
+    EnsembleInvalid,
+    PollFailed,
+    PollRefused,
+    VersionsUnavailable,
+    composing_failure,
+    version_reason,
+)
 from serving_pod.core.errors import (
-    InternalError,
     InvalidArgumentError,
     ModelLoadError,
     ServerError,
@@ -288,6 +296,8 @@ class ModelRegistry:
                 error = exc if isinstance(exc, ServerError) else ModelLoadError(
                     f"failed to load '{name}': {type(exc).__name__}: {exc}"
                 )
+                if isinstance(error, PollRefused):  # Triton's 500 "failed to poll", with the reason it only logs
+                    error = PollFailed(name, str(error))
                 message = str(error)
                 if isinstance(error, VersionsUnavailable):  # Triton's log lines: one per failed version
                     for version, reason in error.reasons.items():
@@ -346,7 +356,7 @@ class ModelRegistry:
             source = sources.get(name)
             if source is None:
                 # Triton's status for a name its repositories do not hold: INTERNAL (HTTP 500), not NOT_FOUND
-                raise InternalError(f"failed to load '{name}', failed to poll from model repository")
+                raise PollFailed(name)
         return source.path, source
 
     async def unload(self, name: str) -> None:
@@ -417,14 +427,20 @@ class ModelRegistry:
     async def _prepare_ensemble(self, config: mc.ModelConfig) -> None:
         """Load what an ensemble's steps need (as Triton does), then validate its graph against them. A refusal of its
         own config reads as Triton's poll failure reason; one met with its composing models reads as Triton's
-        dependency failure: ``load failed for model '<ensemble>': <why>`` and a newline."""
-        from serving_pod.schedulers.ensemble_graph import validate_structure
+        dependency failure: ``load failed for model '<ensemble>': <why>`` and a newline (``core.load_errors``). As
+        Triton's dependency graph, a step naming the ensemble itself is found before its config is checked."""
+        from serving_pod.schedulers.ensemble_graph import ensemble_steps, validate_structure
 
+        if any(step.model_name == config.name for step in ensemble_steps(config)):
+            cycle = str(CircularDependency.between(config.name, config.name))
+            raise EnsembleInvalid(config.name, cycle, cycle=cycle)
         steps = validate_structure(config)
         try:
             await self._prepare_steps(config, steps)
+        except CircularDependency as exc:
+            raise EnsembleInvalid(config.name, str(exc), cycle=str(exc)) from None
         except ModelLoadError as exc:
-            raise ModelLoadError(f"load failed for model '{config.name}': {exc}\n") from None
+            raise EnsembleInvalid(config.name, str(exc)) from None
 
     async def _prepare_steps(self, config: mc.ModelConfig, steps: Any) -> None:
         from serving_pod.schedulers.ensemble_graph import validate_mapping
@@ -433,11 +449,8 @@ class ModelRegistry:
         token = _ENSEMBLE_CHAIN.set(chain + (config.name,))
         try:
             for step in steps:
-                if step.model_name in chain + (config.name,):
-                    raise ModelLoadError(
-                        f"ensemble '{config.name}' {step.label}: ensembles form a cycle through "
-                        f"'{step.model_name}' ({' -> '.join(chain + (config.name, step.model_name))})"
-                    )
+                if step.model_name in chain:  # an ensemble over this one, loading it: Triton's circular dependency
+                    raise CircularDependency.between(step.model_name, config.name)
                 self._wait_for(config.name, step)
                 try:
                     entry = self.entries.get(step.model_name)
@@ -448,10 +461,7 @@ class ModelRegistry:
                     if entry is None or not entry.ready:
                         await self.load(step.model_name)
                 except ServerError as exc:
-                    raise ModelLoadError(
-                        f"ensemble '{config.name}' {step.label}: composing model "
-                        f"'{step.model_name}' failed to load: {str(exc).rstrip(chr(10))}"
-                    ) from None
+                    raise composing_failure(config.name, step.model_name, exc) from None
                 finally:
                     self._waits.pop(config.name, None)
         finally:
@@ -467,16 +477,13 @@ class ModelRegistry:
     def _wait_for(self, ensemble: str, step: Any) -> None:
         """Note that loading ``ensemble`` now waits for its step's model; refuse it where that model's load waits,
         through other ensembles' loads, for ``ensemble`` (ensembles over each other, loaded at once: each would
-        wait for the other forever)."""
+        wait for the other forever; Triton's circular dependency)."""
         name: str | None = step.model_name
         path = [ensemble]
         while name is not None and name not in path[1:]:
             path.append(name)
             if name == ensemble:
-                raise ModelLoadError(
-                    f"ensemble '{ensemble}' {step.label}: ensembles form a cycle through "
-                    f"'{step.model_name}' ({' -> '.join(path)})"
-                )
+                raise CircularDependency.between(ensemble, path[-2])
             name = self._waits.get(name)
         self._waits[ensemble] = step.model_name
 

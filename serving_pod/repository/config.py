@@ -2,8 +2,9 @@
 
 Parsing uses protobuf text_format into ``tritonclient.grpc.model_config_pb2.ModelConfig`` (Triton's proto,
 as shipped by tritonclient), so every field name and enum is Triton's. Validation errors name the model
-and the offending field, and are raised as ``ModelLoadError``. Backends fill missing I/O through
-``Backend.auto_complete`` before validation runs.
+and the offending field, and are raised as ``ModelLoadError``; a config that cannot be read or parsed, or names
+another model, is a ``PollRefused`` (Triton refuses it while polling the repository: ``core.load_errors``). Backends
+fill missing I/O through ``Backend.auto_complete`` before validation runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.load_errors import PollRefused
 
 #: config platform -> backend name (Triton's own pairs).
 PLATFORM_BACKENDS: dict[str, str] = {
@@ -41,7 +43,7 @@ def parse_config_text(text: str, model_name: str) -> mc.ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ModelLoadError(f"failed to parse config.pbtxt of model '{model_name}': {exc}") from None
+        raise PollRefused(f"failed to parse config.pbtxt of model '{model_name}': {exc}") from None
     return config
 
 
@@ -51,7 +53,7 @@ def parse_config_json(text: str, model_name: str) -> mc.ModelConfig:
     try:
         json_format.Parse(text, config)
     except (json_format.ParseError, ValueError) as exc:
-        raise ModelLoadError(f"failed to parse config override of model '{model_name}': {exc}") from None
+        raise PollRefused(f"failed to parse config override of model '{model_name}': {exc}") from None
     return config
 
 
@@ -177,10 +179,10 @@ def load_config(model_dir: Path, model_name: str, config_name: str = "") -> mc.M
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(f"failed to read {shown} of model '{model_name}': {exc}") from None
+            raise PollRefused(f"failed to read {shown} of model '{model_name}': {exc}") from None
         config = parse_config_text(text, model_name)
     if config.name and config.name != model_name:
-        raise ModelLoadError(
+        raise PollRefused(
             f"model name '{config.name}' in {shown} does not match the model directory '{model_name}'"
         )
     config.name = model_name

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.registry import get_backend
 from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.load_errors import PollRefused
 from serving_pod.repository import instance_groups
 from serving_pod.repository.config import load_config, parse_config_json, resolve_backend
 from serving_pod.repository.validation import select_versions, validate_config
@@ -37,7 +38,7 @@ def prepare_config(
     if override_json is not None:
         config = parse_config_json(override_json, name)
         if config.name and config.name != name:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"model name '{config.name}' in the config override does not match '{name}'"
             )
         config.name = name

@@ -1,7 +1,9 @@
 """Checks a completed ``ModelConfig`` before any instance is created, with model-named errors.
 
 Runs after the backend's auto-complete; what it accepts, the engine can rely on (data types known,
-dims sane, batch settings coherent, version folders present).
+dims sane, batch settings coherent, version folders present). A bad ``max_batch_size`` or batcher setting is a
+``PollRefused`` (Triton's ``ValidateModelConfig`` refuses it while polling the repository: ``core.load_errors``); a
+version policy that leaves no version is a ``LoadFailed``, as Triton's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.datatypes import WIRE_TO_NUMPY, config_to_wire
 from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.load_errors import LoadFailed, PollRefused
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,7 @@ def validate_config(config: mc.ModelConfig) -> None:
     """Raise ModelLoadError describing the first problem found in ``config``."""
     name = config.name
     if config.max_batch_size < 0:
-        raise ModelLoadError(
+        raise PollRefused(
             f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}"
         )
     is_ensemble = config.platform == "ensemble"
@@ -139,37 +142,37 @@ def _validate_batching(config: mc.ModelConfig) -> None:
     if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
         for size in config.sequence_batching.oldest.preferred_batch_size:
             if size <= 0 or size > config.max_batch_size:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"model '{name}': sequence batching preferred batch size {size} must be in 1..max_batch_size "
                     f"({config.max_batch_size})"
                 )
     if config.HasField("dynamic_batching"):
         batching = config.dynamic_batching
         if config.max_batch_size == 0 and batching.preferred_batch_size:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"model '{name}': dynamic batching preferred_batch_size requires max_batch_size > 0"
             )
         for size in batching.preferred_batch_size:
             if size <= 0 or size > config.max_batch_size:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"model '{name}': preferred batch size {size} must be in 1..max_batch_size "
                     f"({config.max_batch_size})"
                 )
         if batching.preserve_ordering and batching.priority_levels > 1:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"model '{name}': only one priority level is allowed when 'preserve_ordering' is true "
                 f"(priority_levels is {batching.priority_levels})"
             )
         if batching.priority_levels and not (
             0 < batching.default_priority_level <= batching.priority_levels
         ):
-            raise ModelLoadError(
+            raise PollRefused(
                 f"model '{name}': default_priority_level {batching.default_priority_level} must be "
                 f"in 1..priority_levels ({batching.priority_levels})"
             )
         for level in batching.priority_queue_policy:  # without priority levels Triton loads and ignores them
             if batching.priority_levels and not 0 < level <= batching.priority_levels:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"model '{name}': priority_queue_policy for level {level} outside "
                     f"1..priority_levels ({batching.priority_levels})"
                 )
@@ -212,6 +215,7 @@ def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:
     if not chosen:  # Triton's words; what is missing goes to the log
         log.error("model '%s' has no version folder to load under its version policy in %s (numeric folders: %s)",
                   config.name, model_dir, available or "none")
-        raise ModelLoadError(f"load failed for model '{config.name}': at least one version must be available under "
-                             f"the version policy of model '{config.name}'\n")
+        # a load failure, not a poll failure: an ensemble over it quotes it as a model "which has no loaded version"
+        raise LoadFailed(config.name, "at least one version must be available under the version policy of model "
+                                      f"'{config.name}'")
     return chosen

@@ -3,8 +3,10 @@
 Neighbours: the registry calls ``validate_structure`` and ``validate_mapping`` when an ensemble
 loads (after its composing models are loaded, since their configs are needed); ``ensemble.py``
 runs the steps. Checks follow Triton's ``ValidateEnsembleSchedulingConfig`` and
-``ValidateTensorMapping``: every error is a ``ModelLoadError`` naming the ensemble, the step
-(index and model) and the tensor, so a broken config says exactly where it is broken. As Triton's, an
+``ValidateTensorMapping``: every error names the ensemble, the step (index and model) and the tensor, so a
+broken config says exactly where it is broken. ``validate_structure``'s are ``PollRefused`` (Triton refuses the
+ensemble's own config while polling the repository: HTTP 500), ``validate_mapping``'s ``ModelLoadError`` (the
+registry words them as Triton's ``load failed for model '<ens>'``). As Triton's, an
 ensemble over a decoupled composing model (at any depth) is itself served as decoupled
 (``model_transaction_policy`` set by ``validate_mapping``).
 """
@@ -17,6 +19,7 @@ from typing import Mapping
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.load_errors import PollRefused
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,30 +55,30 @@ def validate_structure(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
     """Checks needing only the ensemble's own config: fields, tensor flow, cycles. Returns the steps."""
     name = config.name
     if config.instance_group:
-        raise ModelLoadError(f"instance group should not be specified for ensemble '{name}'")
+        raise PollRefused(f"instance group should not be specified for ensemble '{name}'")
     if config.HasField("optimization"):
-        raise ModelLoadError(f"optimization should not be specified for ensemble '{name}'")
+        raise PollRefused(f"optimization should not be specified for ensemble '{name}'")
     if config.model_warmup:
-        raise ModelLoadError(f"model_warmup can not be specified for ensemble '{name}'")
+        raise PollRefused(f"model_warmup can not be specified for ensemble '{name}'")
     if not config.ensemble_scheduling.step:
-        raise ModelLoadError(f"must specify 'step' for ensemble '{name}'")
+        raise PollRefused(f"must specify 'step' for ensemble '{name}'")
     steps = ensemble_steps(config)
     inputs = {tensor.name for tensor in config.input}
     producer: dict[str, EnsembleStep] = {}
     for step in steps:
         for field, mapping in (("model_name", step.model_name), ("input_map", step.input_map), ("output_map", step.output_map)):
             if not mapping:
-                raise ModelLoadError(f"must specify '{field}' in step {step.index} of ensemble '{name}'")
+                raise PollRefused(f"must specify '{field}' in step {step.index} of ensemble '{name}'")
         if step.model_name == name:
-            raise ModelLoadError(f"ensemble '{name}' {step.label} refers to the ensemble itself")
+            raise PollRefused(f"ensemble '{name}' {step.label} refers to the ensemble itself")
         for _, tensor in step.output_map:
             if tensor in producer:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble "
                     f"'{name}' step {step.index} (already written by {producer[tensor].label})"
                 )
             if tensor in inputs:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"in ensemble '{name}', {step.label} writes ensemble tensor '{tensor}', which is an "
                     "ensemble input"
                 )
@@ -85,7 +88,7 @@ def validate_structure(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
         for model_input, tensor in step.input_map:
             consumed.add(tensor)
             if tensor not in inputs and tensor not in producer:
-                raise ModelLoadError(
+                raise PollRefused(
                     f"in ensemble '{name}', {step.label}: input '{model_input}' is mapped from ensemble "
                     f"tensor '{tensor}', which is neither an ensemble input nor an output of any step"
                 )
@@ -93,15 +96,15 @@ def validate_structure(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
     outputs = {tensor.name for tensor in config.output}
     for tensor in config.input:
         if tensor.name not in consumed:
-            raise ModelLoadError(f"ensemble input '{tensor.name}' for ensemble '{name}' is not used")
+            raise PollRefused(f"ensemble input '{tensor.name}' for ensemble '{name}' is not used")
     for tensor in config.output:
         if tensor.name not in producer:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"output '{tensor.name}' for ensemble '{name}' is not written: no step maps an output to it"
             )
     for tensor, step in producer.items():
         if tensor not in consumed and tensor not in outputs:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"ensemble tensor '{tensor}' is unused in ensemble '{name}' (written by {step.label}, "
                 "read by no step and not an ensemble output)"
             )
@@ -124,7 +127,7 @@ def _check_cycles(name: str, steps: tuple[EnsembleStep, ...], producer: dict[str
             if color[upstream] == 1:
                 start = next(i for i, (step, _) in enumerate(path) if step == upstream)
                 hops = " <- ".join(f"{steps[s].label} reads '{t}'" for s, t in path[start:])
-                raise ModelLoadError(
+                raise PollRefused(
                     f"ensemble '{name}' has a cycle: {hops} <- written by {steps[upstream].label}"
                 )
             if color[upstream] == 0:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.datatypes import config_to_wire, numpy_dtype
 from serving_pod.core.errors import InvalidArgumentError, ModelLoadError
+from serving_pod.core.load_errors import PollRefused
 from serving_pod.core.types import Tensor
 
 SequenceKey = int | str
@@ -31,6 +32,13 @@ _BOOL_KINDS = {
 }
 _CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
 DEFAULT_IDLE_US = 1_000_000
+
+
+class StateFileUnreadable(ModelLoadError):
+    """An ``initial_state`` data file that cannot be read: as Triton 2.51, the version fails with an INTERNAL status
+    (``Internal: failed to open text file for read <path>: <why>``)."""
+
+    code = "INTERNAL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +165,8 @@ def _flag(parameters: dict[str, Any], name: str, model: str) -> bool:
 
 
 def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> SequenceSpec:
-    """``SequenceSpec`` of ``config``; ModelLoadError naming the model and field on a bad config."""
+    """``SequenceSpec`` of ``config``; ModelLoadError naming the model and field on a bad config (a bad control is
+    a ``PollRefused``: Triton refuses it while polling the repository, before a version's scheduler is made)."""
     name = config.name
     sequence = config.sequence_batching
     controls: dict[str, BoolControl] = {}
@@ -165,9 +174,9 @@ def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> Seq
     seen: set[str] = set()
     for control_input in sequence.control_input:
         if not control_input.name:
-            raise ModelLoadError(f"sequence batching control tensor must have a name for {name}")
+            raise PollRefused(f"sequence batching control tensor must have a name for {name}")
         if control_input.name in seen:
-            raise ModelLoadError(
+            raise PollRefused(
                 f"sequence batching control tensor '{control_input.name}' is specified for multiple "
                 f"control kinds for {name}"
             )
@@ -176,14 +185,14 @@ def parse_sequence_config(config: mc.ModelConfig, model_dir: Path | None) -> Seq
             kind_name = _KIND.Kind.Name(control.kind)
             if control.kind == _KIND.CONTROL_SEQUENCE_CORRID:
                 if corrid_name:
-                    raise ModelLoadError(f"sequence batching specifies multiple {kind_name} tensors for {name}")
+                    raise PollRefused(f"sequence batching specifies multiple {kind_name} tensors for {name}")
                 corrid_name, corrid_type = control_input.name, _corrid_type(control, name)
                 continue
             kind = _BOOL_KINDS.get(control.kind)
             if kind is None:
-                raise ModelLoadError(f"sequence batching control kind {kind_name} is not supported for {name}")
+                raise PollRefused(f"sequence batching control kind {kind_name} is not supported for {name}")
             if kind in controls:
-                raise ModelLoadError(f"sequence batching specifies multiple {kind_name} tensors for {name}")
+                raise PollRefused(f"sequence batching specifies multiple {kind_name} tensors for {name}")
             controls[kind] = _bool_control(control_input.name, control, kind_name, name)
     strategy = "oldest" if sequence.HasField("oldest") else "direct"
     batching = config.max_batch_size > 0
@@ -223,18 +232,18 @@ def _bool_control(tensor: str, control: Any, kind_name: str, model: str) -> Bool
         if len(getattr(control, field))
     ]
     if not choices:
-        raise ModelLoadError(
+        raise PollRefused(
             f"sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
             f"'bool_false_true' for {kind_name} for {model}"
         )
     if len(choices) > 1:
-        raise ModelLoadError(
+        raise PollRefused(
             f"sequence batching specifies more than one from 'int32_false_true', 'fp32_false_true' "
             f"and 'bool_false_true' for {kind_name} for {model}"
         )
     field, values = choices[0]
     if len(values) != 2:
-        raise ModelLoadError(
+        raise PollRefused(
             f"sequence batching control '{field}' must have exactly 2 entries for {kind_name} for {model}"
         )
     datatype = {"int32_false_true": "INT32", "fp32_false_true": "FP32", "bool_false_true": "BOOL"}[field]
@@ -243,13 +252,13 @@ def _bool_control(tensor: str, control: Any, kind_name: str, model: str) -> Bool
 
 def _corrid_type(control: Any, model: str) -> str:
     if len(control.int32_false_true) or len(control.fp32_false_true) or len(control.bool_false_true):
-        raise ModelLoadError(
+        raise PollRefused(
             "sequence batching must not specify either 'int32_false_true', 'fp32_false_true' or "
             f"'bool_false_true' for CONTROL_SEQUENCE_CORRID for {model}"
         )
     type_name = mc.DataType.Name(control.data_type)
     if type_name not in _CORRID_TYPES:
-        raise ModelLoadError(
+        raise PollRefused(
             f"sequence batching control CONTROL_SEQUENCE_CORRID of model '{model}' must have data_type "
             f"TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING, got {type_name}"
         )
@@ -300,7 +309,7 @@ def _state(state: Any, model: str, model_dir: Path | None) -> StateSpec:
     if which == "zero_data":
         array = np.zeros(shape, dtype) if datatype != "BYTES" else np.full(shape, b"", np.object_)
     elif which == "data_file":
-        array = _read_state_file(model, state.input_name, datatype, shape, model_dir, initial.data_file)
+        array = _read_state_file(model, datatype, shape, model_dir, initial.data_file)
     else:
         raise ModelLoadError(
             f"initial_state setting expects state '{state.input_name}' to have state_data set"
@@ -308,18 +317,14 @@ def _state(state: Any, model: str, model_dir: Path | None) -> StateSpec:
     return StateSpec(state.input_name, state.output_name, datatype, array)
 
 
-def _read_state_file(
-    model: str, input_name: str, datatype: str, shape: tuple[int, ...], model_dir: Path | None, file: str
-) -> np.ndarray:
+def _read_state_file(model: str, datatype: str, shape: tuple[int, ...], model_dir: Path | None, file: str) -> np.ndarray:
     if model_dir is None:
         raise ModelLoadError(f"model '{model}': initial_state data_file '{file}' needs the model directory")
     path = Path(model_dir) / "initial_state" / file
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ModelLoadError(
-            f"model '{model}': cannot read initial_state data_file for '{input_name}': {path}: {exc.strerror}"
-        ) from None
+        raise StateFileUnreadable(f"failed to open text file for read {path}: {exc.strerror}") from None
     if datatype == "BYTES":
         return np.full(shape, raw, dtype=np.object_)
     dtype = numpy_dtype(datatype)

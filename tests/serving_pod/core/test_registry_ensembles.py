@@ -93,7 +93,7 @@ async def test_ensembles_over_each_other_loaded_together_fail_instead_of_hanging
     try:
         failures = server.engine.startup_failures
         assert sorted(failures) == ["ea", "eb"]
-        assert all("ensembles form a cycle" in message for message in failures.values()), failures
+        assert all("circular dependency between ensembles" in message for message in failures.values()), failures
         assert server.engine.model_ready("step")
         assert not server.engine.model_ready("ea") and not server.engine.model_ready("eb")
     finally:

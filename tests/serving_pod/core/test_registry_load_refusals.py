@@ -1,35 +1,55 @@
 """Load refusals as tritonserver 2.51 answers and lists them (explicit model control), side by side with Triton.
 
-Measured on Triton 2.51 and matched here:
-- an ensemble refused with its composing models (a batch size above a step's, a tensor a step does not have) answers
-  ``load failed for model '<ens>': <why>`` and a newline, and the repository index lists no version of it;
-- a model whose config is refused before any version is tried (config.pbtxt that does not parse, sequence batching
-  controls) has no version in the index (Ferry listed an invented version 1 UNAVAILABLE, which need not exist), and
-  its config / metadata answer 404 ``is not found``;
-- a sequence ``state`` refused when the version's scheduler is made is a version's failure:
-  ``load failed for model '<m>': version 1 is at UNAVAILABLE state: Invalid argument: <why>;`` and the index lists
-  version 1 UNAVAILABLE with that reason.
+Measured on Triton 2.51 (CPU, python backend) and matched here, over HTTP and gRPC (each load is a model's first
+attempt: Triton answers later attempts differently, see below):
+- an ensemble refused with its composing models answers 400 / INVALID_ARGUMENT ``load failed for model '<ens>': <why>``
+  and a newline, ``<why>`` in Triton's words: ``ensemble <ens> contains models that are not available or ambiguous:
+  <m>`` (a step's model the repository does not hold, or whose config is refused there), ``ensemble '<ens>' depends on
+  '<m>' which has no loaded version. Model '<m>' loading failed with error: <its failure>`` (its versions failed, it
+  has none), ``ensemble '<ens>' depends on '<m>' which is not valid. Model '<m>' failed with error: <why>`` (a
+  composing ensemble refused), ``ensemble <ens> allows maximum batch size ...``; the index lists no version of it;
+- ensembles over themselves or each other: ``load failed for model '<ens>': circular dependency between ensembles:
+  <ens> -> ... -> <last> -> <ens>`` (``<last>``: the ensemble whose step is ``<ens>``; itself for a self-reference);
+- a config refused while Triton polls the repository (config.pbtxt that does not parse, a name that is not the
+  folder's, a batcher's preferred size above max_batch_size, sequence batching controls, an ensemble's own steps)
+  answers 500 / INTERNAL ``failed to load '<m>', failed to poll from model repository``, and the index lists no
+  version of it; its config / metadata answer 404 ``is not found``;
+- a sequence ``state`` refused when the version's scheduler is made is a version's failure: ``load failed for model
+  '<m>': version 1 is at UNAVAILABLE state: <status>: <why>;`` (an ``initial_state`` data file that is missing:
+  ``Internal: failed to open text file for read <path>: No such file or directory``), and the index lists version 1
+  UNAVAILABLE with that reason;
 - a load of a loaded model whose files did not change does nothing in Triton (HTTP and gRPC: no ``initialize``,
   statistics kept): Ferry already did so (tests/serving_pod/test_model_control.py). Triton seems to reset statistics
   at the first such load only because its python stub writes ``__pycache__`` into the version folder at the first load,
   which makes that version newer; with the bytecode already there it does nothing.
 
-Kept different on purpose (clearer): the index row of a model refused before any version keeps ``state: UNAVAILABLE``
-and the reason (no ``version``), where Triton's row holds the name only and the reason is in its log. A config refused while Triton polls the repository answers Triton's 500
-``failed to poll from model repository`` with the reason only in its log; Ferry answers 400 with the reason. Later
-attempts at the same refused ensemble answer in Triton ``failed to load '<ens>', no version is available`` (500,
-reason lost); Ferry repeats the reason. Ferry's ensemble reasons name the step (``step 0 (model 'ident')``) and quote
-names where Triton's do not. A model directory without a version folder leaves Triton's index altogether after its
-failed load; Ferry keeps listing it, as any model of the repository.
+Kept different on purpose (clearer):
+- a poll refusal keeps Triton's status and words, then a colon and the reason, which Triton only logs.
+- the index row of a model refused before any version keeps ``state: UNAVAILABLE`` and the reason (no ``version``),
+  where Triton's row holds the name only (no state, no reason: those are in its log).
+- a model directory without a version folder leaves Triton's index altogether after its failed load (listed before
+  it); Ferry keeps listing it, as any model of the repository.
+- later attempts at a refused ensemble answer in Triton ``failed to load '<ens>', no version is available`` or ``...,
+  failed to poll from model repository`` (500, reason lost); Ferry answers the reason again.
+- an ensemble over a cycle of ensembles it is not part of crashes Triton 2.51 (its cycle check recurses forever);
+  Ferry refuses it with the cycle: ``load failed for model '<ens>': circular dependency between ensembles: <a> ->
+  ... -> <b> -> <a>``. In a cycle of three or more Triton starts the text at an ensemble its hash map picks; Ferry at
+  the ensemble loaded.
+- with several failing composing models Triton names one its hash map picks; Ferry the first in step order.
+- Ferry's reasons for a step that does not fit the ensemble (``validate_mapping``) name the step (``step 0 (model
+  'ident')``) and quote names where Triton's do not; a python model's error keeps no traceback.
 """
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import httpx
 import pytest
-from tritonclient.utils import InferenceServerException
-
+import tritonclient.grpc as grpcclient
 from support.server import ensemble_config, write_model
+from tritonclient.utils import InferenceServerException
 
 _IDENT_PY = """
 import triton_python_backend_utils as pb_utils
@@ -42,6 +62,8 @@ class TritonPythonModel:
 """
 _SEQ = ('sequence_batching {{ control_input [ {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID '
         'data_type: TYPE_INT32 }} ] }} ] {} }}')
+_STATE = ('state [ {{ input_name: "IS" output_name: "OS" data_type: TYPE_FP32 dims: [ 1 ] initial_state {{ '
+          'data_type: {} dims: [ 1 ] name: "init" {} }} }} ]')
 #: loaded in this order over HTTP (Triton answers an ensemble's reason at its first attempt)
 MODELS = ("ens_mbs", "badconfig", "seq_controls", "seq_state")
 
@@ -57,6 +79,11 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 
+def _over(name: str, steps: list[str], ensembles: bool = False) -> str:
+    """An ensemble over ``steps``: identity models, or ensembles made here (``ensembles``)."""
+    return ensemble_config(name, steps, max_batch_size=4, ports=("IN", "OUT") if ensembles else ("INPUT0", "OUTPUT0"))
+
+
 def _repository(root):
     files = {"1/model.py": _IDENT_PY}
     write_model(root, "ident", _ident("ident"), files=files)
@@ -64,11 +91,29 @@ def _repository(root):
     write_model(root, "badconfig", 'name: "badconfig" backend: "python" max_batch_size: [oops\n', files=files)
     write_model(root, "seq_controls", _ident("seq_controls", 'sequence_batching { control_input [ { name: "S" control [ '
                 '{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ] } ] } ] }'), files=files)
-    write_model(root, "seq_state", _ident("seq_state", _SEQ.format(
-        'state [ { input_name: "IS" output_name: "OS" data_type: TYPE_FP32 dims: [ 1 ] initial_state { '
-        'data_type: TYPE_INT32 dims: [ 1 ] name: "init" zero_data: true } } ]')), files=files)
+    write_model(root, "seq_state", _ident("seq_state", _SEQ.format(_STATE.format("TYPE_INT32", "zero_data: true"))),
+                files=files)
     (root / "noversion").mkdir()
     (root / "noversion" / "config.pbtxt").write_text(_ident("noversion"))
+    # the table's models (REFUSALS)
+    write_model(root, "seq_file", _ident("seq_file", _SEQ.format(_STATE.format("TYPE_FP32", 'data_file: "missing.bin"'))),
+                files=files)
+    write_model(root, "ens_self", _over("ens_self", ["ens_self"], ensembles=True))
+    write_model(root, "ens_a", _over("ens_a", ["ens_b"], ensembles=True))
+    write_model(root, "ens_b", _over("ens_b", ["ens_a"], ensembles=True))
+    write_model(root, "ens_c", _over("ens_c", ["ident", "ens_c2"]))
+    write_model(root, "ens_c2", _over("ens_c2", ["ens_c"], ensembles=True))
+    write_model(root, "ens_d", _over("ens_d", ["ens_a"], ensembles=True))  # over a cycle: Triton crashes
+    write_model(root, "ens_missing", _over("ens_missing", ["nothere"]))
+    write_model(root, "ens_inner", _over("ens_inner", ["nothere2"]))
+    write_model(root, "ens_outer", _over("ens_outer", ["ens_inner"], ensembles=True))
+    write_model(root, "ens_seqfile", _over("ens_seqfile", ["seq_file"]))
+    write_model(root, "ens_noversion", _over("ens_noversion", ["noversion"]))
+    write_model(root, "ens_badconfig", _over("ens_badconfig", ["badconfig"]))
+    write_model(root, "dyn_pref", _ident("dyn_pref", "dynamic_batching { preferred_batch_size: [ 8 ] }"), files=files)
+    write_model(root, "ens_nosteps", 'name: "ens_nosteps" platform: "ensemble" max_batch_size: 4 input [ { name: "IN" '
+                'data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+                'ensemble_scheduling { }')
     return root
 
 
@@ -86,8 +131,40 @@ def _answers(http_port: int) -> dict[str, object]:
 
 STATE_REASON = ("Invalid argument: The data type used for 'initial_state' field of state 'IS' does not match the "
                 "state data type.")
+ENS_MBS = ("load failed for model 'ens_mbs': ensemble ens_mbs allows maximum batch size 8, but it contains model "
+           "ident which only allows maximum batch size to be 4\n")
+SEQ_STATE = f"load failed for model 'seq_state': version 1 is at UNAVAILABLE state: {STATE_REASON};\n"
 EXPECTED_INDEX = [{"name": "badconfig"}, {"name": "ens_mbs"}, {"name": "seq_controls"},
                   {"name": "seq_state", "version": "1", "state": "UNAVAILABLE", "reason": STATE_REASON}]
+#: Triton's first answers (HTTP 400 / INVALID_ARGUMENT) to these loads, ``<repository>`` standing for the repository
+_MISSING_FILE = ("version 1 is at UNAVAILABLE state: Internal: failed to open text file for read "
+                 "<repository>/seq_file/initial_state/missing.bin: No such file or directory;")
+REFUSALS = {
+    "seq_file": f"load failed for model 'seq_file': {_MISSING_FILE}\n",
+    "ens_self": "load failed for model 'ens_self': circular dependency between ensembles: ens_self -> ... -> ens_self "
+                "-> ens_self\n",
+    "ens_a": "load failed for model 'ens_a': circular dependency between ensembles: ens_a -> ... -> ens_b -> ens_a\n",
+    "ens_c": "load failed for model 'ens_c': circular dependency between ensembles: ens_c -> ... -> ens_c2 -> ens_c\n",
+    "ens_missing": "load failed for model 'ens_missing': ensemble ens_missing contains models that are not available "
+                   "or ambiguous: nothere\n",
+    "ens_outer": "load failed for model 'ens_outer': ensemble 'ens_outer' depends on 'ens_inner' which is not valid. "
+                 "Model 'ens_inner' failed with error: ensemble ens_inner contains models that are not available or "
+                 "ambiguous: nothere2\n",
+    "ens_seqfile": "load failed for model 'ens_seqfile': ensemble 'ens_seqfile' depends on 'seq_file' which has no "
+                   f"loaded version. Model 'seq_file' loading failed with error: {_MISSING_FILE}\n",
+    "ens_noversion": "load failed for model 'ens_noversion': ensemble 'ens_noversion' depends on 'noversion' which has "
+                     "no loaded version. Model 'noversion' loading failed with error: at least one version must be "
+                     "available under the version policy of model 'noversion'\n",
+    "ens_badconfig": "load failed for model 'ens_badconfig': ensemble ens_badconfig contains models that are not "
+                     "available or ambiguous: badconfig\n",
+}
+#: refused at Triton's repository poll (HTTP 500 / INTERNAL): Ferry's reason, after Triton's words (module docstring)
+POLL_REFUSALS = {
+    "dyn_pref": "model 'dyn_pref': preferred batch size 8 must be in 1..max_batch_size (4)",
+    "ens_nosteps": "must specify 'step' for ensemble 'ens_nosteps'",
+    "seq_controls": "sequence batching control 'int32_false_true' must have exactly 2 entries for "
+                    "CONTROL_SEQUENCE_START for seq_controls",
+}
 
 
 def _names_only(rows: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -95,41 +172,108 @@ def _names_only(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     return [row if "version" in row else {"name": row["name"]} for row in rows]
 
 
-def test_load_refusals_and_their_index_rows_as_nvidia_tritons(threaded_server, tmp_path):
+def _load(protocol: str, http_port: int, grpc_port: int, name: str) -> tuple[str, str]:
+    """(status, error) of loading ``name``: the HTTP status or the gRPC code, ``("OK", "")`` when it loads."""
+    if protocol == "http":
+        response = httpx.post(f"http://127.0.0.1:{http_port}/v2/repository/models/{name}/load", timeout=120)
+        return (str(response.status_code), response.json().get("error", "")) if response.status_code != 200 else ("OK", "")
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        try:
+            client.load_model(name)
+        except InferenceServerException as error:
+            return str(error.status()), error.message()
+    return "OK", ""
+
+
+def _refusals(http_port: int, grpc_port: int, protocols: tuple[str, ...]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Each REFUSALS / POLL_REFUSALS model loaded over each of ``protocols`` in turn, paths made ``<repository>``."""
+    got = {}
+    for name in [*REFUSALS, *POLL_REFUSALS]:
+        for protocol in protocols:
+            status, error = _load(protocol, http_port, grpc_port, name)
+            got[(name, protocol)] = (status, re.sub(r"read \S*/seq_file/", "read <repository>/seq_file/", error))
+    return got
+
+
+def _expected(protocols: tuple[str, ...]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Triton's answers; a poll refusal's with Ferry's reason after Triton's words (module docstring)."""
+    status = {"http": ("400", "500"), "grpc": ("StatusCode.INVALID_ARGUMENT", "StatusCode.INTERNAL")}
+    expected = {(name, p): (status[p][0], message) for name, message in REFUSALS.items() for p in protocols}
+    expected |= {(name, p): (status[p][1], f"failed to load '{name}', failed to poll from model repository: {reason}")
+                 for name, reason in POLL_REFUSALS.items() for p in protocols}
+    return expected
+
+
+def test_refusals_over_http_and_grpc_as_nvidia_tritons(threaded_server, tmp_path):
+    """Each load answers Triton's first answer over both protocols (Ferry repeats it at the second attempt), and none
+    of the refused models is listed with a version."""
+    server = threaded_server([_repository(tmp_path / "models")], model_control_mode="explicit")
+    http, grpc = server.server.http_port, server.server.grpc_port
+    assert _refusals(http, grpc, ("http", "grpc")) == _expected(("http", "grpc"))
+    # an ensemble over a cycle it is not in: Triton 2.51 crashes (module docstring)
+    assert _load("grpc", http, grpc, "ens_d") == (
+        "StatusCode.INVALID_ARGUMENT",
+        "load failed for model 'ens_d': circular dependency between ensembles: ens_a -> ... -> ens_b -> ens_a\n")
+    rows = httpx.post(f"http://127.0.0.1:{http}/v2/repository/index", timeout=60).json()
+    versions = {row["name"]: row.get("version") for row in rows}
+    assert versions["seq_file"] == "1" and versions["ident"] == "1"  # ens_c loaded ident, as Triton
+    assert {name for name, version in versions.items() if version} == {"seq_file", "ident"}
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_nvidia_triton_refuses_as_the_table_says(tmp_path, protocol):
     from support.triton import running_triton
 
+    with running_triton(_repository(tmp_path / "models"), []) as (http, grpc, _):
+        got = _refusals(http, grpc, (protocol,))
+    expected = _expected((protocol,))
+    for name in POLL_REFUSALS:  # Triton's words only: the reason is in its log
+        status, message = expected[(name, protocol)]
+        expected[(name, protocol)] = (status, message.split(": ")[0])
+    assert got == expected
+
+
+def test_load_refusals_and_their_index_rows(threaded_server, tmp_path):
     repository = _repository(tmp_path / "models")
     server = threaded_server([repository], model_control_mode="explicit")
     got = _answers(server.server.http_port)
-    assert got["ens_mbs"] == (400, "load failed for model 'ens_mbs': ensemble ens_mbs allows maximum batch size 8, "
-                                   "but it contains model ident which only allows maximum batch size to be 4\n")
-    assert got["seq_state"] == (400, f"load failed for model 'seq_state': version 1 is at UNAVAILABLE state: "
-                                     f"{STATE_REASON};\n")
+    assert got["ens_mbs"] == (400, ENS_MBS)
+    assert got["seq_state"] == (400, SEQ_STATE)
     assert _names_only(got["index"]) == EXPECTED_INDEX
     refused = {row["name"]: (row["state"], row["reason"]) for row in got["index"] if "version" not in row}
     assert refused["ens_mbs"] == ("UNAVAILABLE", got["ens_mbs"][1])
     assert refused["seq_controls"] == ("UNAVAILABLE", got["seq_controls"][1])
     assert got["config"] == dict.fromkeys(MODELS, 404)
-    # kept clearer than Triton's 500 'failed to poll from model repository' (module docstring)
-    assert got["badconfig"][0] == got["seq_controls"][0] == 400
-    assert "int32_false_true" in got["seq_controls"][1]
+    # Triton's 500 and words, then the reason Triton only logs (module docstring)
+    assert got["seq_controls"] == (500, "failed to load 'seq_controls', failed to poll from model repository: "
+                                        + POLL_REFUSALS["seq_controls"])
+    assert got["badconfig"][0] == 500
+    assert got["badconfig"][1].startswith("failed to load 'badconfig', failed to poll from model repository: "
+                                          "failed to parse config.pbtxt of model 'badconfig': ")
 
-    with running_triton(repository, []) as (http, _, _):
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_load_refusals_and_their_index_rows_as_nvidia_tritons(tmp_path):
+    from support.triton import running_triton
+
+    with running_triton(_repository(tmp_path / "models"), []) as (http, _, _):
         expected = _answers(http)
+    assert expected["ens_mbs"] == (400, ENS_MBS)
+    assert expected["seq_state"] == (400, SEQ_STATE)
+    assert expected["index"] == EXPECTED_INDEX
+    assert expected["config"] == dict.fromkeys(MODELS, 404)
     for name in ("badconfig", "seq_controls"):
         assert expected[name] == (500, f"failed to load '{name}', failed to poll from model repository")
-        expected[name] = got[name]
-    got["index"] = _names_only(got["index"])
-    assert got == expected
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_refused_models_list_no_version_and_are_not_found(threaded_server, tmp_path, protocol):
     """Over both protocols: every attempt answers the same reason, and a model refused before any version (a model
-    directory without a version folder included) is listed with its reason and no version, and unknown to config requests (Triton drops the
-    directory without a version folder from its index: module docstring)."""
+    directory without a version folder included) is listed with its reason and no version, and unknown to config
+    requests (Triton drops the directory without a version folder from its index: module docstring)."""
     server = threaded_server([_repository(tmp_path / "models")], model_control_mode="explicit")
-    client = server.client(protocol)
+    client: Any = server.client(protocol)
     for name in ("ens_mbs", "noversion", "ens_mbs"):
         with pytest.raises(InferenceServerException) as error:
             client.load_model(name)

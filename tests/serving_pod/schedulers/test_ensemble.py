@@ -113,7 +113,7 @@ BROKEN = {
     ),
     "broken_composing": (
         _ensemble("broken_composing", _step("no_such_model", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})),
-        ["step 0 (model 'no_such_model')", "composing model 'no_such_model' failed to load"],
+        ["ensemble broken_composing contains models that are not available or ambiguous: no_such_model"],
     ),
 }
 

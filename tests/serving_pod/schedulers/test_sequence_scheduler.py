@@ -170,7 +170,7 @@ BAD_CONFIGS = {
         "'initial_state' dim for input name 'A' doesn't match 'state' dim description. 3 != 2",
     'state [ { input_name: "A" output_name: "B" data_type: TYPE_INT32 dims: [ 2 ] '
     'initial_state { data_type: TYPE_INT32 dims: [ 2 ] data_file: "missing.bin" name: "f" } } ]':
-        "cannot read initial_state data_file for 'A'",
+        "initial_state/missing.bin: No such file or directory",
 }
 
 
