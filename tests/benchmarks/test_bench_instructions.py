@@ -21,6 +21,7 @@ def test_bad_request_counts_are_refused(requests: str, message: str, capsys: pyt
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # two interpreters under valgrind: about two minutes
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (Debian: valgrind)")
 def test_counts_instructions_per_request_under_callgrind() -> None:
     # two short runs side by side (about a minute: the interpreter starts under valgrind); a request of this

@@ -126,9 +126,10 @@ def _exit(server: str, tmp_path: Path, *flags: str) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def _serving(server: str, tmp_path: Path, *flags: str) -> Iterator[tuple[int, int, Path]]:
-    """A server that answers on HTTP (live or not), after its initial loads; started again on other ports when
-    another process took one of its free ports first. Fails if it is gone after the test's probes (they would
-    have reached some other server)."""
+    """A server that answers on HTTP (live or not), after its initial loads (Ferry answers during them: its
+    ``Started HTTPService`` line, which tritonserver writes too, comes after them); started again on other ports
+    when another process took one of its free ports first. Fails if it is gone after the test's probes (they
+    would have reached some other server)."""
     for attempt in range(3):
         with _launched(server, tmp_path, *flags) as (process, http, grpc, log):
             deadline = time.monotonic() + 90
@@ -136,7 +137,8 @@ def _serving(server: str, tmp_path: Path, *flags: str) -> Iterator[tuple[int, in
                 assert time.monotonic() < deadline, f"{server} did not answer: {log.read_text()[-2000:]}"
                 with contextlib.suppress(httpx.HTTPError):
                     httpx.get(f"http://127.0.0.1:{http}/v2/health/live", timeout=1)
-                    break
+                    if "Started HTTPService" in log.read_text():
+                        break
                 time.sleep(0.2)
             if process.poll() is None:
                 yield http, grpc, log
