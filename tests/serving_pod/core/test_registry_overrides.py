@@ -8,8 +8,9 @@ model first loaded with one. Ferry runs the same sequence over gRPC too.
 Differences kept on purpose (Ferry's clearer behaviour), not compared here:
 
 * an override Triton refuses before any version loads (a name that is not the model's, JSON that does not parse or
-  names an unknown field, a ``config`` that is not a string): Triton answers 500 "failed to load '<m>', failed to poll
-  from model repository" (or "attempt to access JSON non-string as string"); Ferry 400 with the reason.
+  names an unknown field): both answer 500 "failed to load '<m>', failed to poll from model repository"; Ferry adds
+  ``: <the reason>``. A ``config`` that is not a string: Triton 500 "attempt to access JSON non-string as string",
+  Ferry 400 "invalid value type for load parameter 'config', expected a string".
 * ``file:`` overrides: Triton ignores them without a ``config`` ("failed to poll", 500), decodes bad base64 into junk
   bytes, and answers "failed to poll" to a path with ``..`` or "at least one version must be available" to an
   absolute one; its load of an override without the backend's model file never ends. Ferry refuses each with 400

@@ -21,9 +21,8 @@ where it can be had (``support.triton``):
 Differences kept on purpose (Ferry's clearer behaviour), not asserted here:
 
 * a config Triton refuses before any version loads (a parse error, a bad batcher, a name that does not match its
-  folder) gets 400 with the reason from Ferry; Triton answers 500 "failed to poll from model repository". The index
-  then lists Ferry's model as version 1 UNAVAILABLE with that reason, so its config and metadata answer 503 "version 1
-  is not at ready state" where Triton's answer 404 "is not found" (Triton keeps no version of it).
+  folder) gets Triton's 500 "failed to load '<m>', failed to poll from model repository" from both; Ferry adds
+  ``: <the reason>``, which Triton writes only to its log.
 * a negative instance ``count`` and two tensors of one name: Triton loads them (count -1 is served as 1, the name
   twice); Ferry refuses them.
 * tensor checks (data type, dims, reshape) name the model, the tensor and the bad value in Ferry's words; Triton
