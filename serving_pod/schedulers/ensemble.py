@@ -29,9 +29,16 @@ match the input's dims loses its leading dimension.
 The ensemble's own statistics follow Triton's: one success and one execution of its batch size per request,
 queue time up to the first step's dispatch, and as ``compute_input`` / ``compute_infer`` / ``compute_output``
 the sums of what each step's request was charged by its model (a step request carries the ensemble's
-``statistics.StepCompute`` as ``stats_sink``, which the instance pool charges with the request); a failed request
-counts two failures, reason ``OTHER`` (Triton reports it once when it sends the error and once when it releases
-the request), and leaves ``last_inference`` as it was.
+``statistics.StepCompute`` as ``stats_sink``, which the instance pool charges with the request). A failed request
+leaves ``last_inference`` as it was and counts failures of reason ``OTHER`` as Triton 2.51 does: one when the
+error goes out, and one more when the request is released, which 2.51 does only if no step was left in flight
+(a step running in parallel, a decoupled step still to send its final flag, a flow still running, or a composing
+ensemble that itself failed so): else it never releases the request, a leak fixed in later Triton. Ferry counts
+the same (so once for a decoupled step's error response, twice for a failing last step) but releases every
+request and cancels the steps left. A request whose client goes away while steps run (gRPC cancel or deadline, a
+stream closed, an HTTP stream whose reader left) is cancelled with its steps and counts one failure of reason
+``CANCELED``, as a request a scheduler drops for its client; Triton 2.51 runs the steps to the end and counts a
+success. A step already executing finishes in its model and counts there; one not started is never sent.
 """
 
 from __future__ import annotations
@@ -44,7 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from serving_pod.core.errors import InvalidArgumentError, ServerError, UnavailableError
+from serving_pod.core.errors import (
+    InternalError,
+    InvalidArgumentError,
+    ServerError,
+    UnavailableError,
+)
 from serving_pod.core.statistics import StepCompute
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.schedulers.ensemble_graph import EnsembleStep, ensemble_steps
@@ -65,12 +77,28 @@ def sequence_parameters(request: InferRequest) -> dict[str, Any]:
     return parameters
 
 
-def step_error(ensemble: str, error: ServerError) -> ServerError:
-    """A step's error as the ensemble reports it: same class (so same status), Triton's prefix."""
+#: set on an ensemble's error when steps were left in flight: Triton 2.51 never releases that request, so an
+#: ensemble above it, which counts its own second failure at release, never does either (module docstring)
+_UNRELEASED = "ensemble_unreleased"
+
+
+def step_error(ensemble: str, error: ServerError, unreleased: bool = False) -> ServerError:
+    """A step's error as the ensemble reports it: same class (so same status), Triton's prefix; ``unreleased``
+    marks a failure Triton 2.51 counts once (steps were left in flight)."""
     wrapped = copy.copy(error)  # a nested ensemble's step error reads "in ensemble 'outer', in ensemble 'inner', ..."
     wrapped.message = f"in ensemble '{ensemble}', " + error.message
     wrapped.args = (wrapped.message,)
+    setattr(wrapped, _UNRELEASED, unreleased)
     return wrapped
+
+
+class _StepFailed(Exception):
+    """A step's error ending an ensemble request, with whether steps were left in flight when it came."""
+
+    def __init__(self, error: ServerError, steps_left: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.steps_left = steps_left
 
 
 def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -155,15 +183,20 @@ class EnsembleScheduler:
             if responder is None and not responses:  # Triton's words: no output was ever set
                 raise InvalidArgumentError(
                     "unexpected deadlock, at least one output is not set while no more ensemble steps can be made")
-        except ServerError as error:
-            # Triton counts it twice: when the error response goes out, and when the request is released
-            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-            wrapped = step_error(self.model.config.name, error)
+        except (ServerError, _StepFailed) as failure:
+            error, steps_left = (failure.error, failure.steps_left) if isinstance(failure, _StepFailed) else (
+                failure, False)
+            # once when the error goes out, once more at release: Triton 2.51 releases it only if no step was left
+            for _ in range(1 if steps_left else 2):
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+            wrapped = step_error(self.model.config.name, error, steps_left)
             if responder is None:
                 raise wrapped from None
             responder(wrapped, True)  # the error ends the stream
             return None
+        except asyncio.CancelledError:  # the client went away: ``_run`` cancelled the steps left
+            stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
+            raise
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -258,8 +291,8 @@ class EnsembleScheduler:
         try:
             while in_flight:
                 step, item, final, step_batch = await events.get()
-                if isinstance(item, ServerError):
-                    raise item  # a step's error fails the ensemble (and the rest is cancelled)
+                if isinstance(item, ServerError):  # a step's error fails the ensemble (and the rest is cancelled)
+                    raise _StepFailed(item, in_flight > final or getattr(item, _UNRELEASED, False))
                 if final:
                     in_flight -= 1
                 if item is not None:
@@ -293,28 +326,29 @@ class EnsembleScheduler:
     ) -> None:
         """Run one step on one iteration of its inputs; puts ``(step, response or error, final, batch size)`` on
         ``events`` for each of its responses (batch size 0 when its model does not batch). A decoupled model's
-        flag-only final response comes as None."""
-        batching, dims = self._inputs_of(step)
-        inputs = [
-            Tensor(model_input, value.datatype,
-                   batch_reshaped(value.data, dims.get(model_input, ()), batching, batch_of[tensor]))
-            for model_input, tensor in step.input_map
-            if (value := tensors[tensor]) is not None
-        ]
-        step_batch = inputs[0].data.shape[0] if batching and inputs else 0
-        step_request = InferRequest(
-            step.model_name,
-            step.model_version,
-            inputs,
-            [RequestedOutput(model_output) for model_output, _ in step.output_map],
-            request.id,
-            dict(parameters),
-            cancelled=request.cancelled,
-            custom_reserved=request.custom_reserved,
-            stats_sink=compute,
-            trace=request.trace,  # the engine traces the step as its child
-        )
+        flag-only final response comes as None. Any error ends up on ``events`` (else ``_run`` would wait for ever)."""
+        step_batch = 0
         try:
+            batching, dims = self._inputs_of(step)  # the composing model may have gone (unloaded) meanwhile
+            inputs = [
+                Tensor(model_input, value.datatype,
+                       batch_reshaped(value.data, dims.get(model_input, ()), batching, batch_of[tensor]))
+                for model_input, tensor in step.input_map
+                if (value := tensors[tensor]) is not None
+            ]
+            step_batch = inputs[0].data.shape[0] if batching and inputs else 0
+            step_request = InferRequest(
+                step.model_name,
+                step.model_version,
+                inputs,
+                [RequestedOutput(model_output) for model_output, _ in step.output_map],
+                request.id,
+                dict(parameters),
+                cancelled=request.cancelled,
+                custom_reserved=request.custom_reserved,
+                stats_sink=compute,
+                trace=request.trace,  # the engine traces the step as its child
+            )
             if not self.engine.registry.get(step.model_name, step.model_version).decoupled:
                 events.put_nowait((step, await self.engine.infer(step_request), True, step_batch))
                 return
@@ -325,3 +359,5 @@ class EnsembleScheduler:
                 events.put_nowait((step, None if item.flag_only else item, item.final, step_batch))
         except ServerError as error:
             events.put_nowait((step, error, True, step_batch))
+        except Exception as error:  # noqa: BLE001 - a fault here must fail the request, not hang it
+            events.put_nowait((step, InternalError(f"{type(error).__name__}: {error}"), True, step_batch))
