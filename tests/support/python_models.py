@@ -3,10 +3,15 @@
 ``install_python_model(repo, "py_scale", "scale", parameters={"FACTOR": "3"}, isolated=True)``
 copies the model folder under a new name, renames it in ``config.pbtxt`` and appends config
 parameters (``isolated`` adds ``FERRY_ISOLATED``, so the model runs in its own process).
+
+NVIDIA Triton's own QA models are not part of this project: ``triton_qa_models_or_skip()`` finds them in a
+Triton server source tree named by ``FERRY_TRITON_SERVER_SOURCE`` (opt-in runs, skipped where it is unset) and
+``install_triton_qa_model`` lays one out in a test repository as Triton's QA scripts do.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -86,4 +91,38 @@ def install_python_model(
     for key, value in settings.items():
         text += f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
     config.write_text(text)
+    return target
+
+
+#: a checkout of triton-inference-server/server at ``TRITON_QA_TAG``, whose ``qa/python_models`` the opt-in tests run
+TRITON_SERVER_SOURCE = "FERRY_TRITON_SERVER_SOURCE"
+TRITON_QA_TAG = "v2.51.0"
+
+
+def triton_qa_models_or_skip() -> Path:
+    """``qa/python_models`` of the source tree named by ``FERRY_TRITON_SERVER_SOURCE``; skips the test where the
+    variable is unset, fails it where the variable names no such folder."""
+    import pytest
+
+    source = os.environ.get(TRITON_SERVER_SOURCE, "")
+    if not source:
+        pytest.skip(f"{TRITON_SERVER_SOURCE} is not set: name a checkout of triton-inference-server/server at "
+                    f"{TRITON_QA_TAG} to run Triton's own QA models (qa/python_models) unmodified")
+    models = Path(source) / "qa" / "python_models"
+    if not models.is_dir():
+        pytest.fail(f"{TRITON_SERVER_SOURCE}={source}: no qa/python_models there (want a checkout of "
+                    f"triton-inference-server/server at {TRITON_QA_TAG})")
+    return models
+
+
+def install_triton_qa_model(repository: Path, models: Path, source: str, name: str | None = None) -> Path:
+    """``<models>/<source>/{model.py,config.pbtxt}`` as ``<repository>/<name>/1/model.py`` and ``config.pbtxt``,
+    renamed in the config where it names itself."""
+    name = name or source
+    target = repository / name
+    (target / "1").mkdir(parents=True)
+    shutil.copyfile(models / source / "model.py", target / "1" / "model.py")
+    config = (models / source / "config.pbtxt").read_text()
+    config = re.sub(r'^name: ".*"$', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
+    (target / "config.pbtxt").write_text(config)
     return target

@@ -1,13 +1,14 @@
 """``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` set after ``execute`` returned, side by side
-with NVIDIA Triton 2.51: Triton's QA model ``iterative_sequence`` (decoupled, iterative sequence) with an
-``async def execute`` that awaits before it reschedules.
+with NVIDIA Triton 2.51: our ``countdown`` of tests/serving_pod/data/iterative (decoupled, iterative sequence: IN = n
+answers n - 1 .. 0, one response a run) with an ``async def execute`` that awaits before it reschedules.
 
 Triton 2.51 reads a request's release flags once the stub's execute call returned; a decoupled ``async def
 execute`` runs on after that (pb_stub.cc: ``RunCoroutine(..., in_background)``), so the flag does nothing: the
 request is released, its first response comes (``[2]``, not final) and the stream then waits for a final response
-that never comes; the next request goes on from the model's state (``[1]``). Ferry does the same, and warns in its
-log that the flag came too late (Ferry said nothing: the client just hung). Flags set before the coroutine's first
-``await`` race Triton's read there (honoured now and then); Ferry ignores them as well, always.
+that never comes; the next request is a sequence of its own and counts down afresh (``[2]``). Ferry does the
+same, and warns in its log that the flag came too late (Ferry said nothing: the client just hung). Flags set
+before the coroutine's first ``await`` race Triton's read there (honoured now and then); Ferry ignores them as
+well, always.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ MODEL = "iterative_async"
 #: how long a stream is watched for a further response after its last one (a negative check: Triton never sends it)
 QUIET_S = 1.5
 #: Triton 2.51's answers to two streamed requests IN 3 (recorded with ``test_triton_ignores_a_late_reschedule``)
-RECORDED = [[[[2], False], "no final response"], [[[1], False], "no final response"]]
+RECORDED = [[[[2], False], "no final response"], [[[2], False], "no final response"]]
 LATE = ("python model 'iterative_async_0_0': set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) after "
         "execute returned has no effect: the request was released already")
 
@@ -35,9 +36,9 @@ LATE = ("python model 'iterative_async_0_0': set_release_flags(TRITONSERVER_REQU
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("reschedule_late")
-    shutil.copytree(DATA / "iterative_sequence", root / MODEL)
+    shutil.copytree(DATA / "countdown", root / MODEL)
     config = root / MODEL / "config.pbtxt"
-    config.write_text(config.read_text().replace('name: "iterative_sequence"', f'name: "{MODEL}"'))
+    config.write_text(config.read_text().replace('name: "countdown"', f'name: "{MODEL}"'))
     model = root / MODEL / "1" / "model.py"
     model.write_text(model.read_text().replace(
         "    def execute(self, requests):",

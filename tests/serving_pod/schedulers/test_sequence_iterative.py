@@ -3,18 +3,21 @@
 ``sequence_batching { iterative_sequence: true }`` gives a request without a correlation ID a sequence of its
 own; a python model that calls ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` has the
 same request executed again on that sequence's slot (python backend README "Request Rescheduling"). Models of
-tests/serving_pod/data/iterative: Triton's QA models ``iterative_sequence`` (decoupled) and
-``request_rescheduling_addsub`` (copied from the server repo's qa/python_models) and ``iter_probe``, which
-reports the correlation ID and flags the batcher gave each run. Every case runs over HTTP, gRPC and gRPC
-streaming against Ferry and against Triton (skipped with the installer's reason where Triton cannot be had).
+tests/serving_pod/data/iterative (ours): ``countdown`` (decoupled: IN = n answers n - 1 .. 0, one response a run),
+``addsub_reschedule_first`` (runs its first request twice) and ``iter_probe``, which reports the correlation ID
+and flags the batcher gave each run. Every case runs over HTTP, gRPC and gRPC streaming against Ferry and against
+Triton (skipped with the installer's reason where Triton cannot be had). Opt-in (``-m slow`` with
+``FERRY_TRITON_SERVER_SOURCE``, a checkout of Triton's server repo at v2.51.0): the same cases with Triton's QA
+models ``iterative_sequence`` and ``request_rescheduling_addsub`` unmodified, read from that tree; that
+``iterative_sequence`` keeps one count for the whole model, so its second request answers ``[-1]`` at once.
 
 Kept different on purpose:
 - a model that is not an iterative sequence and reschedules: Triton 2.51 never answers the request (its client
   hangs; later Tritons send the error below); Ferry answers Triton's words "Request is released with
   TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle such a flag." (400);
-- statistics: Triton 2.51 also adds to ``fail`` for ``request_rescheduling_addsub`` (2 after two requests that
-  both succeeded); Ferry adds none. Every run is counted alike (inference, execution and success counts,
-  batch_stats: compared).
+- statistics: Triton 2.51 also adds to ``fail`` for a model that reschedules (``addsub_reschedule_first``: 1
+  after two requests that both succeeded, the first run twice); Ferry adds none. Every run is counted alike
+  (inference, execution and success counts, batch_stats: compared).
 - a non-decoupled model run in a child process (``FERRY_ISOLATED``) reschedules too; an ``async def execute`` of a decoupled
   model runs on after it returns, so a RESCHEDULE set there comes too late and is not honoured.
 """
@@ -34,7 +37,9 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "iterative"
-MODELS = ["iterative_sequence", "iterative_sequence_sse", "request_rescheduling_addsub", "iter_probe"]
+#: the decoupled and the non-decoupled rescheduling model: ours, and Triton's QA models (opt-in)
+OURS = ("countdown", "addsub_reschedule_first")
+TRITON_QA = ("iterative_sequence", "request_rescheduling_addsub")
 REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured "
            "to handle such a flag.")
 
@@ -42,14 +47,29 @@ REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, wh
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("iterative")
-    for name in ("iterative_sequence", "request_rescheduling_addsub", "iter_probe"):
+    for name in (*OURS, "iter_probe"):
         shutil.copytree(DATA / name, repo / name)
-    _variant(repo, "iterative_sequence", "iterative_sequence_sse", "sequence_batching {\n  iterative_sequence : true\n}")
+    _variant(repo, "countdown", "countdown_sse", "sequence_batching {\n  iterative_sequence : true\n}")
     # Ferry only (Triton 2.51 hangs): the same models without an iterative sequence batcher
-    _variant(repo, "iterative_sequence", "iterative_plain", "")
-    _variant(repo, "iterative_sequence", "iterative_direct", "sequence_batching { direct { } }")
+    _variant(repo, "countdown", "iterative_plain", "")
+    _variant(repo, "countdown", "iterative_direct", "sequence_batching { direct { } }")
     for protocol in ("http", "grpc"):  # the model reschedules its first request only
-        _variant(repo, "request_rescheduling_addsub", f"addsub_plain_{protocol}", "")
+        _variant(repo, "addsub_reschedule_first", f"addsub_plain_{protocol}", "")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def triton_qa_repository(tmp_path_factory) -> Path:
+    """Triton's QA models from FERRY_TRITON_SERVER_SOURCE (skipped where unset), with our ``iter_probe``."""
+    from support.python_models import install_triton_qa_model, triton_qa_models_or_skip
+
+    models = triton_qa_models_or_skip()
+    repo = tmp_path_factory.mktemp("iterative_triton_qa")
+    for name in TRITON_QA:
+        install_triton_qa_model(repo, models, name)
+    shutil.copytree(DATA / "iter_probe", repo / "iter_probe")
+    _variant(repo, "iterative_sequence", "iterative_sequence_sse",
+             "sequence_batching {\n  iterative_sequence : true\n}")
     return repo
 
 
@@ -130,7 +150,7 @@ def _probe(protocol: str, http: Any, grpc: Any, grpc_url: str, shift: int) -> li
     return outcomes
 
 
-def _addsub(protocol: str, http: Any, grpc: Any, grpc_url: str) -> Any:
+def _addsub(protocol: str, http: Any, grpc: Any, grpc_url: str, model: str) -> Any:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -138,8 +158,8 @@ def _addsub(protocol: str, http: Any, grpc: Any, grpc_url: str) -> Any:
     a, b = np.arange(16, dtype=np.float32), np.full(16, 0.5, np.float32)
     inputs = [_tensor(module, "INPUT0", a), _tensor(module, "INPUT1", b)]
     if protocol == "grpc_stream":
-        return _stream(grpc_url, "request_rescheduling_addsub", inputs)
-    result = (http if protocol == "http" else grpc).infer("request_rescheduling_addsub", inputs)
+        return _stream(grpc_url, model, inputs)
+    result = (http if protocol == "http" else grpc).infer(model, inputs)
     return result.as_numpy("OUTPUT0").tolist(), result.as_numpy("OUTPUT1").tolist()
 
 
@@ -171,22 +191,23 @@ def _concurrent_probes(http_url: str) -> list:
     return answers
 
 
-def _observe(http_url: str, grpc_url: str) -> dict[str, Any]:
+def _observe(http_url: str, grpc_url: str, models: tuple[str, str] = OURS) -> dict[str, Any]:
+    countdown, addsub = models
     http, grpc = _clients(http_url, grpc_url)
     seen: dict[str, Any] = {}
     try:
         for shift, protocol in enumerate(("http", "grpc", "grpc_stream")):
             seen[f"probe/{protocol}"] = _probe(protocol, http, grpc, grpc_url, shift)
-            seen[f"addsub/{protocol}"] = _addsub(protocol, http, grpc, grpc_url)
+            seen[f"addsub/{protocol}"] = _addsub(protocol, http, grpc, grpc_url, addsub)
         concurrent = _concurrent_probes(http_url)  # which of the two gets which id is timing: not compared
         seen["concurrent"] = sorted([first, last, runs] for _, first, last, runs in concurrent)
         seen["concurrent_ids"] = len({cid for cid, *_ in concurrent})
         seen["iterative/grpc_stream"] = [
-            _stream(grpc_url, "iterative_sequence", [_tensor(grpc_module(), "IN", np.array([3], np.int32))])
+            _stream(grpc_url, countdown, [_tensor(grpc_module(), "IN", np.array([3], np.int32))])
             for _ in range(2)
         ]
-        seen["iterative/http_generate_stream"] = _generate_stream(http_url, "iterative_sequence_sse", 3)
-        stats = http.get_inference_statistics("request_rescheduling_addsub")["model_stats"][0]
+        seen["iterative/http_generate_stream"] = _generate_stream(http_url, f"{countdown}_sse", 3)
+        stats = http.get_inference_statistics(addsub)["model_stats"][0]
         seen["addsub/statistics"] = (
             stats["inference_count"], stats["execution_count"], stats["inference_stats"]["success"]["count"],
             [(batch["batch_size"], batch["compute_infer"]["count"]) for batch in stats["batch_stats"]],
@@ -215,41 +236,64 @@ def _expected_probe(protocol_index: int) -> list:
             ("error", no_start), ("error", refused), ("ok", [base + 4, 1, 0, 2])]
 
 
-def _ferry(repository: Path) -> dict[str, Any]:
+def _ferry(repository: Path, models: tuple[str, str] = OURS) -> dict[str, Any]:
     from support.server import ServerThread, make_options
 
     thread = ServerThread(make_options([repository]))
     handle = thread.start()
     try:
-        return _observe(handle.http_url, handle.grpc_url)
+        return _observe(handle.http_url, handle.grpc_url, models)
     finally:
         thread.stop()
 
 
-def test_iterative_sequences_in_ferry(repository: Path) -> None:
-    ferry = _ferry(repository)
-    assert ferry["probe/http"] == _expected_probe(0)
-    assert ferry["probe/grpc"] == _expected_probe(1)
+#: each of two streamed requests IN 3: ours counts down per sequence; Triton's QA model once for the whole model
+COUNTDOWNS = {OURS: [[([2], False), ([1], False), ([0], True)], [([2], False), ([1], False), ([0], True)]],
+              TRITON_QA: [[([2], False), ([1], False), ([0], True)], [([-1], True)]]}
+
+
+def _check(seen: dict[str, Any], models: tuple[str, str]) -> None:
+    """What Ferry and Triton 2.51 answer alike (recorded)."""
+    assert seen["probe/http"] == _expected_probe(0)
+    assert seen["probe/grpc"] == _expected_probe(1)
     stream = [[(out, True)] if kind == "ok" else [(kind, out)] for kind, out in _expected_probe(2)]
-    assert ferry["probe/grpc_stream"] == stream
+    assert seen["probe/grpc_stream"] == stream
     a, b = np.arange(16, dtype=np.float32), np.full(16, 0.5, np.float32)
-    assert ferry["addsub/http"] == ferry["addsub/grpc"] == ((a + b).tolist(), (a - b).tolist())
-    assert ferry["addsub/grpc_stream"] == [((a + b).tolist(), True)]
-    assert ferry["addsub/statistics"] == (4, 4, 4, [(1, 4)])  # the first request ran twice, each run counted
-    assert ferry["concurrent"] == [[1, 0, 3], [1, 0, 3]] and ferry["concurrent_ids"] == 2
-    assert ferry["iterative/grpc_stream"] == [[([2], False), ([1], False), ([0], True)], [([-1], True)]]
-    assert ferry["iterative/http_generate_stream"] == [200, [2, 1, 0]]
+    assert seen["addsub/http"] == seen["addsub/grpc"] == ((a + b).tolist(), (a - b).tolist())
+    assert seen["addsub/grpc_stream"] == [((a + b).tolist(), True)]
+    assert seen["addsub/statistics"] == (4, 4, 4, [(1, 4)])  # the first request ran twice, each run counted
+    assert seen["concurrent"] == [[1, 0, 3], [1, 0, 3]] and seen["concurrent_ids"] == 2
+    assert seen["iterative/grpc_stream"] == COUNTDOWNS[models]
+    assert seen["iterative/http_generate_stream"] == [200, [2, 1, 0]]
+
+
+def test_iterative_sequences_in_ferry(repository: Path) -> None:
+    _check(_ferry(repository), OURS)
+
+
+def _side_by_side(repository: Path, models: tuple[str, str]) -> None:
+    from support.triton import running_triton
+
+    with running_triton(repository, [*models, f"{models[0]}_sse", "iter_probe"]) as (http, grpc, _):
+        triton = _observe(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", models)
+    ferry = _ferry(repository, models)
+    _check(triton, models)  # what makes the comparison worth it
+    assert ferry == triton
 
 
 @pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_iterative_sequences_match_triton(repository: Path) -> None:
-    from support.triton import running_triton
+    _side_by_side(repository, OURS)
 
-    with running_triton(repository, MODELS) as (http, grpc, _):
-        triton = _observe(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
-    ferry = _ferry(repository)
-    assert triton["probe/http"] == _expected_probe(0)  # what makes the comparison worth it
-    assert ferry == triton
+
+@pytest.mark.slow  # opt-in: Triton's own QA models, from FERRY_TRITON_SERVER_SOURCE
+def test_triton_qa_models_unmodified_in_ferry(triton_qa_repository: Path) -> None:
+    _check(_ferry(triton_qa_repository, TRITON_QA), TRITON_QA)
+
+
+@pytest.mark.slow  # opt-in: Triton's own QA models, from FERRY_TRITON_SERVER_SOURCE, on live NVIDIA Triton too
+def test_triton_qa_models_unmodified_match_triton(triton_qa_repository: Path) -> None:
+    _side_by_side(triton_qa_repository, TRITON_QA)
 
 
 def test_rescheduling_without_an_iterative_sequence_is_refused(repository: Path) -> None:
