@@ -298,8 +298,8 @@ class PythonModelInstance:
         if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
             return False
         try:
-            source = open(self._spec.model_file, encoding="utf-8").read()
-        except OSError:
+            source = Path(self._spec.model_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
             return False
         return not any(fragment in source for fragment in self._ENGINE_CALLS)
 
