@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL, COUNT_CONFIG, COUNT_MODEL
 from support.server import (
     ServerThread,
     free_ports,
@@ -76,27 +76,7 @@ ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
   output_map { key: "OUTPUT0" value: "SUM" } } ] }
 '''
 
-COUNTER = ('''
-name: "counter"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
-''', '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            for i in range(int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-''')
+COUNTER = (COUNT_CONFIG, COUNT_MODEL)
 
 MODELS = ["add_sub", "echo", "ens", "counter"]
 #: timestamps the front ends write (module docstring)
