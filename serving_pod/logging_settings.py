@@ -18,7 +18,8 @@ Entries follow tritonserver's formats (its extension_logging.md), in UTC:
 messages are I, as tritonserver's). The message is a JSON string (quoted, with ``"``, ``\\``
 and control characters escaped, so no message can forge an entry) unless
 ``TRITON_SERVER_ESCAPE_LOG_MESSAGES=0``; a traceback follows on its own lines, as
-tritonserver's multi-line entries (tables, configs) follow their heading.
+tritonserver's multi-line entries (tables, configs) follow their heading. A start-up table (logged with
+``extra={"table": True}``) is written raw, as tritonserver's: every line of it is a row or a rule.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from serving_pod.core.errors import InvalidArgumentError, UnavailableError, Unsu
 FORMATS = ("default", "ISO8601")
 #: tritonserver's verbose level is an int32: it reads larger levels back as 0 (and its CLI refuses them)
 MAX_VERBOSE_LEVEL = 2**31 - 1
+#: log_verbose_level >= 1, kept by ``LogSettings.apply``: the front ends read only this flag on their hot paths
+#: before writing tritonserver's verbose request lines (``HTTP request: ...``, ``Process for ...``)
+VERBOSE = False
 ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+#: libraries whose DEBUG records are their own internals (hpack writes about 18 lines per gRPC call): they stay at
+#: INFO when the verbose level opens the root logger, as tritonserver's verbose log has nothing of the kind
+_LIBRARY_LOGGERS = ("hpack", "h2", "httpcore", "httpx", "urllib3", "asyncio", "botocore", "s3transfer", "multipart",
+                    "python_multipart", "grpc", "PIL", "numba")
 _KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
 _ESCAPED = re.compile(r'[\x00-\x1f"\\]')
 _SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -67,7 +75,8 @@ class _Formatter(logging.Formatter):
             head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', utc)} {letter}"
         message = record.getMessage()
         text = f"{head} {record.process} {record.filename}:{record.lineno}] "
-        text += escape(message) if self.escaped else message
+        # a table (``server.py``: every line of it a row or a rule) is written raw after an empty heading, as tritonserver's
+        text += escape(message) if self.escaped and not getattr(record, "table", False) else message
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         for extra in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
@@ -151,6 +160,8 @@ class LogSettings(logging.Filter):
     def apply(self) -> None:
         """Make the settings effective: the ``ferry`` level and, once installed, the root level (every
         logger's verbose messages, python models' ``log_verbose`` too) and the handler's format."""
+        global VERBOSE
+        VERBOSE = self.verbose > 0
         level = logging.DEBUG if self.verbose else logging.INFO
         logging.getLogger("ferry").setLevel(level)
         if self.handler is not None:
@@ -172,6 +183,10 @@ class LogSettings(logging.Filter):
         for old in list(root.handlers):
             root.removeHandler(old)
         root.addHandler(handler)
+        for name in _LIBRARY_LOGGERS:
+            library = logging.getLogger(name)
+            if library.level == logging.NOTSET:  # a level set on purpose (by a model, say) is kept
+                library.setLevel(logging.INFO)
         self.escaped = os.environ.get(ESCAPE_VARIABLE) != "0"  # unset or anything but "0": escaped
         self.handler = handler
         self.apply()

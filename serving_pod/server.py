@@ -1,5 +1,9 @@
 """The composition root: builds the engine, metrics and protocol servers, and runs their lifecycle.
 
+Once the models have loaded it logs tritonserver's start-up tables (``Model | Version | Status``, then ``Option |
+Value`` with the values Ferry has) and, where a model failed, ``Internal: failed to load all models``, all before
+the ``Started ...`` lines, in tritonserver 2.51's order and layout.
+
 ``FerryServer`` is used both by the ``ferry-server`` command and in-process by tests (ports 0 give
 free ports, read back from ``http_port`` / ``grpc_port`` / ``metrics_port``). On SIGTERM the server
 turns not-ready, stops taking new inferences, drains in-flight ones up to ``--exit-timeout-secs``,
@@ -18,7 +22,8 @@ from typing import Any
 
 import uvicorn
 
-from serving_pod.core.engine import Engine
+from serving_pod import logging_settings
+from serving_pod.core.engine import EXTENSIONS, SERVER_VERSION, Engine
 from serving_pod.http.app import create_app
 from serving_pod.http.limits import GuardedHttpToolsProtocol
 from serving_pod.logging_settings import LogSettings, installed_log_settings
@@ -60,6 +65,10 @@ def metrics_app(registry: Any):
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
+        if logging_settings.VERBOSE:  # tritonserver's metrics endpoint logs its requests as its HTTP endpoint does
+            from serving_pod.http.app import log_http_request
+
+            log_http_request(scope["method"], scope.get("raw_path") or scope["path"].encode())
         if scope["path"] == "/metrics":
             status, body = 200, render(registry)
             content_type = b"text/plain; version=0.0.4; charset=utf-8"
@@ -70,6 +79,53 @@ def metrics_app(registry: Any):
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Rows as tritonserver's start-up tables print them: columns as wide as their widest line, a cell of several
+    lines on as many rows (the other cells blank), a rule above and below the header and at the end."""
+    lines: list[tuple[str, ...]] = []
+    for row in rows:
+        cells = [cell.splitlines() or [""] for cell in row]
+        lines += [tuple(cell[i] if i < len(cell) else "" for cell in cells) for i in range(max(map(len, cells)))]
+    widths = [max([len(line[column]) for line in [header, *lines]]) for column in range(len(header))]
+    rule = "+" + "+".join("-" * (width + 2) for width in widths) + "+"
+
+    def text(line: tuple[str, ...]) -> str:
+        return "|" + "|".join(f" {cell:<{width}} " for cell, width in zip(line, widths)) + "|"
+
+    return "\n".join([rule, text(header), rule, *map(text, lines), rule]) + "\n"
+
+
+def model_rows(engine: Engine) -> list[tuple[str, str, str]]:
+    """tritonserver's model table: every version it tried to load, by name, with its state (and why, if any); a
+    model refused before any version was tried has no row, as there."""
+    rows = []
+    for name, entry in sorted(engine.registry.entries.items()):
+        for version, state in sorted(entry.versions.items()):
+            status = f"{state.state}: {state.reason}" if state.reason else state.state
+            rows.append((name, str(version), status))
+    return rows
+
+
+def option_rows(options: ServerOptions) -> list[tuple[str, str]]:
+    """tritonserver's options table, with Ferry's values; no ``pinned_memory_pool_byte_size``: Ferry has no pinned
+    memory pool (the flag is accepted with no effect)."""
+    engine = options.engine
+    return [
+        ("server_id", engine.server_id),
+        ("server_version", SERVER_VERSION),
+        ("server_extensions", " ".join(EXTENSIONS)),
+        *((f"model_repository_path[{index}]", path) for index, path in enumerate(engine.model_repositories)),
+        ("model_control_mode", f"MODE_{engine.model_control_mode.upper()}"),
+        ("strict_model_config", str(int(not engine.autocomplete))),
+        ("model_config_name", engine.model_config_name),
+        ("rate_limit", "EXEC_COUNT" if engine.rate_limit == "execution_count" else "OFF"),
+        ("min_supported_compute_capability", f"{engine.min_compute_capability:.1f}"),
+        ("strict_readiness", str(int(engine.strict_readiness))),
+        ("exit_timeout", f"{engine.exit_timeout_secs:g}"),
+        ("cache_enabled", str(int(bool(engine.cache_config)))),
+    ]
 
 
 def _pattern(text: str) -> re.Pattern[str] | None:
@@ -182,6 +238,10 @@ class FerryServer:
                 await asyncio.sleep(0.005)
         if load_models:
             await self.engine.start()
+            log.info("\n%s", table(("Model", "Version", "Status"), model_rows(self.engine)), extra={"table": True})
+            log.info("\n%s", table(("Option", "Value"), option_rows(options)), extra={"table": True})
+            if self.engine.startup_failures:
+                log.error("Internal: failed to load all models")  # tritonserver's words
         if options.gc_freeze:
             # Everything alive after start-up (modules, models) lives as long as the server: move it out of
             # the collector's reach, so full collections under load scan only request garbage (tail latency).

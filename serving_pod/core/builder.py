@@ -140,6 +140,7 @@ class VersionBuilder:
                         continue
                 else:
                     serving = None
+                log.info("loading: %s:%d", name, version)  # tritonserver's line (an ensemble's: core.registry)
                 for attempt in range(self.load_retry_count + 1):  # --model-load-retry-count, as Triton
                     made = BuiltInstances([], [], [], serving)
                     try:

@@ -275,6 +275,8 @@ class ModelRegistry:
                 built = await asyncio.to_thread(self.builder.build, name, model_dir, config_override, in_place)
                 if built and built[0][2] is None:  # an ensemble: composing models first, then its graph
                     await self._prepare_ensemble(built[0][0])
+                    for _, version, _ in built:  # as tritonserver: once its composing models have loaded
+                        log.info("loading: %s:%d", name, version)
                 duration = time.monotonic() - start
                 failures: dict[int, str] = {}
                 for config, version, pools in built:
@@ -303,6 +305,10 @@ class ModelRegistry:
                     for version, reason in error.reasons.items():
                         log.error("failed to load '%s' version %d: %s", name, version, reason)
                     log.info("failed to load '%s'", name)
+                elif isinstance(exc, PollRefused):  # tritonserver's line, with Ferry's reason (it names the file only)
+                    log.error("Poll failed for model directory '%s': %s", name, exc)
+                elif isinstance(error, EnsembleInvalid):  # tritonserver's line: the status of its dependency check
+                    log.error("Invalid argument: %s", error.why.rstrip("\n"))
                 else:
                     log.error("%s", message if message.startswith("failed to load") else f"failed to load '{name}': {message}")
                 if first_load and isinstance(error, VersionsUnavailable):  # each version's own reason, as Triton
@@ -328,6 +334,7 @@ class ModelRegistry:
                     previous.hand_over(kept)
             old = entry.ready
             entry.ready = sorted(models, key=lambda m: m.version, reverse=True)
+            log.info("successfully loaded '%s'", name)  # tritonserver's line: before the versions it replaces unload
             entry.versions = {m.version: VersionState(m.version, READY, "", m) for m in entry.ready}
             entry.signature = source.signature if source else ""
             entry.config_override, entry.override_dir = config_override, override_dir
@@ -343,7 +350,6 @@ class ModelRegistry:
             for model in old:
                 if model.version not in {m.version for m in entry.ready}:
                     entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
-            log.info("loaded '%s' versions %s", name, [m.version for m in entry.ready])
         self._changed()
         await self._load_dependents(name, reloaded=not first_load)
 
@@ -355,6 +361,7 @@ class ModelRegistry:
                 raise ModelLoadError(duplicates[name])
             source = sources.get(name)
             if source is None:
+                log.error("failed to poll model '%s': model not found in any model repository.", name)
                 # Triton's status for a name its repositories do not hold: INTERNAL (HTTP 500), not NOT_FOUND
                 raise PollFailed(name)
         return source.path, source
@@ -519,6 +526,7 @@ class ModelRegistry:
             await model.scheduler.drain()
             if model.pool is not None:
                 await asyncio.to_thread(model.pool.close)
+            log.info("successfully unloaded '%s' version %d", model.name, model.version)  # tritonserver's line
 
     def _changed(self) -> None:
         for callback in self.on_change:

@@ -4,6 +4,9 @@ Each method decodes -> calls the engine -> encodes; ``ServerError`` maps through
 HTTP. Where Triton's gRPC front end has words or an order of its own (a decoupled model over ``ModelInfer``,
 the model looked up before the request is read, a stream's error messages), they are kept here. Triton's
 protos come from tritonclient (registering a second copy would collide with it).
+
+At ``--log-verbose`` 1 and above a failed ``ModelInfer`` is logged as tritonserver's gRPC front end logs it,
+``[request id: <id>] Infer failed: <message>`` (only the error path checks the flag).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from serving_pod import logging_settings
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import (
     DecoupledModelError, InvalidArgumentError, ServerError, UnsupportedError, grpc_code,
@@ -53,6 +57,11 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 #: client metadata that turns a stream's response errors into the stream's status (Triton's ``triton_grpc_error``)
 _GRPC_ERROR_KEY = "triton_grpc_error"
+
+
+def _log_failed(request_id: str, error: ServerError) -> None:
+    """tritonserver's verbose line for a ``ModelInfer`` that failed (callers check ``logging_settings.VERBOSE``)."""
+    log.debug("[request id: %s] Infer failed: %s", request_id or "<id_unknown>", error)
 
 
 class _InOrder:
@@ -162,12 +171,17 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 if self.header_forward is not None:
                     self._forward(infer_request, context)
             except ServerError as error:
-                await _abort(context, self._model_error(request, unary=True) or error)
+                error = self._model_error(request, unary=True) or error
+                if logging_settings.VERBOSE:
+                    _log_failed("", error)
+                await _abort(context, error)
             try:
                 response = await (self.engine if frontend is None else frontend).infer(infer_request)
             except ServerError as error:
                 if isinstance(error, DecoupledModelError):
                     error = UnsupportedError(_DECOUPLED)
+                if logging_settings.VERBOSE:
+                    _log_failed(infer_request.id, error)
                 await _abort(context, error)
             if frontend is None:
                 return encode_serialized(response) if serialized else encode_infer_response(response)

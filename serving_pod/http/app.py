@@ -10,10 +10,15 @@ Answers carry tritonserver 2.51's content types (``http.responses``): ``text/pla
 readiness routes, for unknown routes and for inference errors found before the body is parsed, else
 ``application/json``. As tritonserver looks the model up before it reads an inference body, a body refused for a
 model that is unknown, not ready or decoupled gets the model's error (``_model_first``).
+
+At ``--log-verbose`` 1 and above each request is logged as tritonserver logs it, ``HTTP request: <method> <path>``
+(libevhtp's method number, the path as sent without its query; ``log_http_request``): an infer request by
+``answer_infer``, any other by ``InferEndpoint``. At level 0 that costs one flag check per infer request.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any, Awaitable, Callable, NamedTuple, Protocol
@@ -23,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from serving_pod import logging_settings
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import DecoupledModelError, InvalidArgumentError, ServerError, UnsupportedError
 from serving_pod.core.parameters import forward_headers
@@ -40,6 +46,12 @@ from serving_pod.http.compression import (
 from serving_pod.trace import Frontend
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
+
+log = logging.getLogger("ferry.http")
+#: libevhtp's ``htp_method`` numbers, which tritonserver's verbose request line writes (any other method: 16)
+_METHODS = {method: number for number, method in enumerate((
+    "GET", "HEAD", "POST", "PUT", "DELETE", "MKCOL", "COPY", "MOVE", "OPTIONS", "PROPFIND", "PROPPATCH", "LOCK",
+    "UNLOCK", "TRACE", "CONNECT", "PATCH"))}
 
 # versions as tritonserver's routes match them, [0-9]+: any other is an unknown route (404 "Not Found", as
 # ``_route_version``), not a version string the engine cannot parse (400)
@@ -109,8 +121,15 @@ def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Patte
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 
 
+def log_http_request(method: str, path: bytes) -> None:
+    """tritonserver's verbose line for a request received (callers check ``logging_settings.VERBOSE`` first)."""
+    log.debug("HTTP request: %d %s", _METHODS.get(method, 16), path.decode("latin-1"))
+
+
 async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
     """(status, body, extra headers, content type) for one inference request; errors become their answer."""
+    if logging_settings.VERBOSE:
+        log_http_request("POST", f"/v2/models/{model}{f'/versions/{version}' if version else ''}/infer".encode())
     try:
         request = await _decode(engine, head, body, model, version, limit)
     except ServerError as error:
@@ -195,9 +214,11 @@ class InferEndpoint:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _INFER_PATH.match(scope["path"])
             if match is not None:
-                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
+                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")  # answer_infer logs it
                 return
-        elif scope["type"] == "http" and _INFER_PATH.match(scope["path"]):
+        if logging_settings.VERBOSE and scope["type"] == "http":
+            log_http_request(scope["method"], scope.get("raw_path") or scope["path"].encode())
+        if scope["type"] == "http" and scope["method"] != "POST" and _INFER_PATH.match(scope["path"]):
             # as tritonserver: the infer route exists, only for POST (FastAPI has no such route, so it said 404)
             await send_response(send, 405, b'{"error":"Method Not Allowed"}', [], TEXT)
             return
