@@ -319,6 +319,7 @@ def test_batches_match_triton(scenario: str, protocol: str, ferry_outcomes: dict
         assert ours == theirs, (scenario, protocol, step)
 
 
+@pytest.mark.slow  # runs every timeline (about a minute) for one check; test_sequence_batches has the fast one
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_oldest_batches_stop_at_the_largest_preferred_size(protocol: str, ferry_outcomes: dict) -> None:
     """What Triton 2.51 does with preferred_batch_size [ 2 ] and three heads ready: 2, then 1 (Ferry's own run)."""
