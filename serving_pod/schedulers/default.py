@@ -2,11 +2,20 @@
 
 With ``instance_group { count: N }`` up to N requests execute at once; the rest wait (in arrival
 order) for an instance, and that wait is charged as queue time.
+
+A request whose client goes away while it waits for an instance (a gRPC cancel or deadline, a closed stream) is
+dropped unrun and counts one failure of reason ``CANCELED``, as the dynamic and sequence batchers and the ensemble
+scheduler count it, so that every accepted request counts exactly once, as a success or a failure. Triton 2.51
+runs it anyway (its model sees ``is_cancelled()`` true from the start) and counts a success; Ferry does not spend
+an instance on work nobody will read, while requests behind it wait. Once executing, a request runs to the end
+(its model can see ``is_cancelled()``, the instance is free for the next request when it returns) and counts as
+its execution ends, as in Triton. An HTTP client that closes its connection is not seen by either server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable
 
 from serving_pod.core.errors import ServerError, UnavailableError
@@ -39,6 +48,9 @@ class DefaultScheduler:
                 self._pending += 1
                 try:
                     index = await self.pool.acquire()
+                except asyncio.CancelledError:  # its client went away: dropped unrun (module docstring)
+                    self.pool.stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
+                    raise
                 finally:
                     self._pending -= 1
             if self.pool.runs_inline(index):

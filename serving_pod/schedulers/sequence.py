@@ -29,6 +29,11 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
   of its own (numbered from 1) and START. A request the model releases with RESCHEDULE (the python
   backend answers ``pb_request.Rescheduled``) is queued again on its slot, neither START nor END, its
   client still waiting; one released without it ends its sequence (``_end_iteration``).
+- A request whose client goes away while it is queued (a gRPC cancel or deadline, a closed stream) is dropped
+  unrun and counts one failure of reason ``CANCELED``, and, as in Triton 2.51, ends its sequence: the requests
+  queued behind it fail CANCELLED (each counted so; Triton's error has no words, Ferry's says why), its slot
+  frees, and a later request of its id needs START. Triton's default and dynamic schedulers still run such a
+  request and count a success; Ferry's drop it as this one does (``default.py``).
 - Control inputs START / END / READY / CORRID and implicit-state inputs are added to each request;
   the state outputs of a response are kept for the sequence's next request and removed from the
   response the client sees.
@@ -49,7 +54,13 @@ from typing import Any, Callable
 import numpy as np
 
 from serving_pod.backends.pb_request import RESCHEDULE_REFUSED, Rescheduled
-from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError, UnavailableError
+from serving_pod.core.errors import (
+    CancelledError,
+    InternalError,
+    InvalidArgumentError,
+    ServerError,
+    UnavailableError,
+)
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.clock import early_delay_s
 from serving_pod.schedulers.instances import InstancePool
@@ -280,12 +291,16 @@ class SequenceScheduler:
             while queue and queue[0].future.done():  # the client went away before it ran
                 dropped = queue.popleft()
                 self._pending -= 1
+                if dropped.request.model_name:  # not the null END request of ``_end_iteration``
+                    self._cancelled(dropped)
                 if dropped.end:
                     self._release(sequence)
                     # what an iterative sequence rescheduled behind its end has no slot now (Triton: no START)
                     self._fail_queue(sequence, InvalidArgumentError(self._no_start_message(sequence.key)))
                 elif self.spec.iterative:  # Triton: a cancelled iterative request ends its sequence
                     self._end_iteration(sequence)
+                else:  # Triton: so does any cancelled request; those queued behind it are cancelled too
+                    self._cancel_sequence(sequence)
             if queue and sequence.lane == lane.index:
                 picks.append((slot, sequence))
         return picks
@@ -403,6 +418,25 @@ class SequenceScheduler:
         sequence.queue.append(_Pending(InferRequest("", "", []), done, False, True, self.clock()))
         self._pending += 1
         self._lanes[sequence.lane].wake.set()
+
+    def _cancelled(self, pending: _Pending) -> None:
+        """Count a request dropped unrun because its client went away (module docstring)."""
+        self.pool.stats.record_failure(time.monotonic_ns() - pending.request.arrival_ns, "CANCELED")
+
+    def _cancel_sequence(self, sequence: _Sequence) -> None:
+        """End a sequence whose queued request was cancelled, as Triton does: the requests queued behind it fail
+        CANCELLED (each counted), its slot frees and a later request of its id needs START."""
+        error = CancelledError(
+            f"sequence {sequence.key} of model '{self.spec.model_name}' was cancelled: an earlier request of it "
+            "was cancelled by its client before it ran"
+        )
+        while sequence.queue:
+            pending = sequence.queue.popleft()
+            self._pending -= 1
+            if not pending.future.done():
+                pending.future.set_exception(error)
+            self._cancelled(pending)
+        self._release(sequence)
 
     def _fail_queue(self, sequence: _Sequence, error: ServerError) -> None:
         while sequence.queue:

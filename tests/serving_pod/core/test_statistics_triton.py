@@ -21,7 +21,8 @@ cannot be addressed over HTTP; Ferry decodes the path as every HTTP server does.
 
 Known differences outside the statistics code, not compared here: a request of a model without dynamic batching
 whose gRPC client goes away while it waits for an instance is executed and counted a success by Triton, dropped
-and counted nowhere by Ferry (``schedulers/default.py``); an ensemble request whose client goes away while a step
+and counted one failure of reason ``CANCELED`` by Ferry (``schedulers/default.py``,
+tests/serving_pod/schedulers/test_cancelled_requests_triton.py); an ensemble request whose client goes away while a step
 runs is counted a success by Triton (which runs the steps to the end), one failure of reason ``CANCELED`` by
 Ferry, which cancels the steps left (``schedulers/ensemble.py``); an explicit load of a model that
 is already loaded and unchanged restarts its statistics in Triton (it reloads every version), Ferry keeps them
