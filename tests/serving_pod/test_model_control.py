@@ -511,20 +511,91 @@ def _side_by_side_answers(http_port: int, grpc_port: int) -> dict[str, object]:
     return answers
 
 
+_IO_FLAGS = {"is_shape_tensor": False, "allow_ragged_batch": False, "optional": False, "is_non_linear_format_io": False}
+_UNAVAILABLE_ENS = ("NOT_FOUND", "Request for unknown model: 'ens' has no available versions")
+
+
+def _index_rows(add_sub: tuple[str, ...], ens: tuple[str, ...]) -> list[dict]:
+    """The index rows of ``_side_by_side_answers``' repository: add_sub_py's and ens' (state, reason) as given."""
+    def row(name: str, state: tuple[str, ...]) -> dict:
+        return {"name": name, "version": "1", "state": state[0], **({"reason": state[1]} if state[1:] else {})}
+
+    return [row("add_sub_py", add_sub), row("broken_py", ("UNAVAILABLE", "...")), {"name": "double_py"},
+            row("ens", ens)]
+
+
+#: tritonserver 2.51's answers to ``_side_by_side_answers`` (recorded with the slow test's server)
+_SIDE_BY_SIDE_EXPECTED: dict[str, object] = {
+    "failed load": (400, "INVALID_ARGUMENT"),
+    "index http": _index_rows(("READY",), ("READY",)),
+    "index grpc": _index_rows(("READY",), ("READY",)),
+    "ensemble config http": {
+        "name": "ens", "platform": "ensemble", "backend": "", "runtime": "",
+        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+        "input": [{"name": name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [4], **_IO_FLAGS}
+                  for name in ("IN0", "IN1")],
+        "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [4], "label_filename": "",
+                    "is_shape_tensor": False, "is_non_linear_format_io": False}],
+        "batch_input": [], "batch_output": [],
+        "ensemble_scheduling": {"step": [{"model_name": "add_sub_py", "model_version": -1,
+                                          "input_map": {"INPUT0": "IN0", "INPUT1": "IN1"},
+                                          "output_map": {"OUTPUT0": "SUM"}, "model_namespace": ""}]},
+        "instance_group": [], "default_model_filename": "", "cc_model_filenames": {}, "metric_tags": {},
+        "parameters": {}, "model_warmup": [], "model_transaction_policy": {"decoupled": False}},
+    "ensemble config grpc": ("OK", {"config": {
+        "name": "ens", "platform": "ensemble", "versionPolicy": {"latest": {"numVersions": 1}},
+        "input": [{"name": "IN0", "dataType": "TYPE_FP32", "dims": ["4"]},
+                  {"name": "IN1", "dataType": "TYPE_FP32", "dims": ["4"]}],
+        "output": [{"name": "SUM", "dataType": "TYPE_FP32", "dims": ["4"]}],
+        "ensembleScheduling": {"step": [{"modelName": "add_sub_py", "modelVersion": "-1",
+                                         "inputMap": {"INPUT0": "IN0", "INPUT1": "IN1"},
+                                         "outputMap": {"OUTPUT0": "SUM"}}]},
+        "modelTransactionPolicy": {}}}),
+    "unknown load": ((500, {"error": "failed to load 'nope', failed to poll from model repository"}),
+                     ("INTERNAL", "failed to load 'nope', failed to poll from model repository")),
+    "infer abc": ((404, {"error": "Not Found"}),
+                  ("INVALID_ARGUMENT", ("failed to get model version from specified version string 'abc' "
+                                        "(details: stol), version should be an integral value > 0"))),
+    "infer -1": ((404, {"error": "Not Found"}),
+                 ("INVALID_ARGUMENT",
+                  "invalid model version specified '-1' , version should be an integral value > 0")),
+    "infer 1x": ((404, {"error": "Not Found"}), "OK"),
+    "infer 007": ((404, {"error": "Request for unknown model: 'add_sub_py' version 7 is not found"}),
+                  ("NOT_FOUND", "Request for unknown model: 'add_sub_py' version 7 is not found")),
+    "ensemble before": (200, ("OK", {"ready": True}), 200, 200, ("OK", "SUM"), (200, [1])),
+    "composing unload": (200, None),
+    "index after composing unload": _index_rows(("UNAVAILABLE", "unloaded"), ("UNAVAILABLE", "unloaded")),
+    "ensemble after composing unload": (400, ("OK", {}), 404, 404, _UNAVAILABLE_ENS, (400, [])),
+    "composing load": ("OK", {}),
+    "index after composing load": _index_rows(("READY",), ("READY",)),
+    "ensemble after composing load": (200, ("OK", {"ready": True}), 200, 200, ("OK", "SUM"), (200, [1])),
+}
+
+
+def _side_by_side_repository(path):
+    from support.server import DEFAULT_MODELS, copy_models
+
+    repository = copy_models(path / "models", DEFAULT_MODELS, "add_sub_py", "double_py")
+    write_model(repository, "broken_py", _BROKEN_PY, files={"1/model.py": "raise RuntimeError('broken on purpose')\n"})
+    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
+    return repository
+
+
 def test_answers_match_nvidia_tritons(threaded_server, tmp_path):
     """Index rows, an ensemble's served config, loading an unknown model, infer with non-numeric versions and an
     ensemble over an unloaded model, over HTTP and gRPC, as tritonserver 2.51 answers them (each differed before)."""
-    from support.server import DEFAULT_MODELS, copy_models
+    server = threaded_server([_side_by_side_repository(tmp_path)], model_control_mode="explicit",
+                             load_models=("add_sub_py", "ens"))
+    assert _side_by_side_answers(server.server.http_port, server.server.grpc_port) == _SIDE_BY_SIDE_EXPECTED
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_triton_answers_as_recorded(tmp_path):
     from support.triton import running_triton
 
-    repository = copy_models(tmp_path / "models", DEFAULT_MODELS, "add_sub_py", "double_py")
-    write_model(repository, "broken_py", _BROKEN_PY, files={"1/model.py": "raise RuntimeError('broken on purpose')\n"})
-    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
-    with running_triton(repository, ["add_sub_py", "ens"], "--exit-on-error=false") as (http, grpc_port, _):
-        expected = _side_by_side_answers(http, grpc_port)
-    server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
-    got = _side_by_side_answers(server.server.http_port, server.server.grpc_port)
-    assert got == expected
+    with running_triton(_side_by_side_repository(tmp_path), ["add_sub_py", "ens"], "--exit-on-error=false") as (
+            http, grpc_port, _):
+        assert _side_by_side_answers(http, grpc_port) == _SIDE_BY_SIDE_EXPECTED
 
 
 def _override_kept_answers(http_port: int) -> dict[str, object]:
@@ -562,19 +633,35 @@ def _override_kept_answers(http_port: int) -> dict[str, object]:
     return answers
 
 
+#: tritonserver 2.51's answers to ``_override_kept_answers``
+_OVERRIDE_KEPT_EXPECTED: dict[str, object] = {
+    "override load": 200, "overridden": (200, {"origin": {"string_value": "override"}}), "composing unload": 200,
+    "unloaded": 404, "composing load": 200, "back": (200, {"origin": {"string_value": "override"}}),
+}
+
+
+def _override_kept_repository(path):
+    from support.server import DEFAULT_MODELS, copy_models
+
+    repository = copy_models(path / "models", DEFAULT_MODELS, "add_sub_py")
+    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
+    return repository
+
+
 def test_ensemble_back_with_its_composing_model_keeps_its_override_like_nvidia_tritons(threaded_server, tmp_path):
     """The ensemble that comes back with its composing model is the one loaded with a config override, as in
     tritonserver 2.51; Ferry read it from the repository again (core/test_registry_ensembles.py has more)."""
-    from support.server import DEFAULT_MODELS, copy_models
+    server = threaded_server([_override_kept_repository(tmp_path)], model_control_mode="explicit",
+                             load_models=("add_sub_py", "ens"))
+    assert _override_kept_answers(server.server.http_port) == _OVERRIDE_KEPT_EXPECTED
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_triton_keeps_the_override_as_recorded(tmp_path):
     from support.triton import running_triton
 
-    repository = copy_models(tmp_path / "models", DEFAULT_MODELS, "add_sub_py")
-    write_model(repository, "ens", _ADD_SUB_ENSEMBLE)
-    with running_triton(repository, ["add_sub_py", "ens"]) as (http, _, _):
-        expected = _override_kept_answers(http)
-    assert expected["back"] == (200, {"origin": {"string_value": "override"}})
-    server = threaded_server([repository], model_control_mode="explicit", load_models=("add_sub_py", "ens"))
-    assert _override_kept_answers(server.server.http_port) == expected
+    with running_triton(_override_kept_repository(tmp_path), ["add_sub_py", "ens"]) as (http, _, _):
+        assert _override_kept_answers(http) == _OVERRIDE_KEPT_EXPECTED
 
 
 # ---- what a load of a loaded model does (tritonserver 2.51: model_lifecycle.cc AsyncLoad) -------------------------
@@ -703,44 +790,62 @@ def _probe_repository(path):
     return path
 
 
+_ALL_FOUR = ["init v1 probe_0_0", "init v1 probe_0_1", "init v2 probe_0_0", "init v2 probe_0_1"]
+#: tritonserver 2.51's answers to ``_reload_answers`` (but "first"): (status, instances initialized / finalized,
+#: {version: statistics kept}, instance groups, parameters)
+_RELOAD_EXPECTED: dict[str, object] = {
+    # nothing initialized again, the statistics kept
+    "unchanged": (200, [], {"2": True}, [("probe_0", 1)], {}),
+    "comment": (200, [], {"2": True}, [("probe_0", 1)], {}),
+    # an instance-group change keeps the instances whose group setting is the same (the last kept first, under its
+    # own name) and creates or finalizes only the difference; the version keeps its statistics
+    "two instances": (200, ["init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {}),
+    "three instances": (200, ["init v2 probe_0_2"], {"2": True}, [("probe_0", 3)], {}),
+    "one instance": (200, ["fini probe_0_0", "fini probe_0_1"], {"2": True}, [("probe_0", 1)], {}),
+    "all versions": (200, ["init v1 probe_0_0", "init v1 probe_0_1", "init v2 probe_0_1"], {"1": False, "2": True},
+                     [("probe_0", 2)], {}),
+    "model.py of version 2 newer": (200, ["init v2 probe_0_0", "init v2 probe_0_1"], {"1": True, "2": False},
+                                    [("probe_0", 2)], {}),
+    "new file beside the config": (200, _ALL_FOUR, {"1": False, "2": False}, [("probe_0", 2)], {}),
+    "identical config override": (200, [], {"1": True, "2": True}, [("probe_0", 2)], {}),
+    "other config override": (200, _ALL_FOUR, {"1": False, "2": False}, [("probe_0", 2)],
+                              {"k": {"string_value": "v"}}),
+    "no override after one": (200, [], {"1": True, "2": True}, [("probe_0", 2)], {"k": {"string_value": "v"}}),
+    "config newer than the override": (200, _ALL_FOUR, {"1": False, "2": False}, [("probe_0", 2)], {}),
+}
+
+
 def test_loading_a_loaded_model_updates_it_in_place_as_nvidia_tritons(threaded_server, tmp_path):
     """A load of a loaded model creates a version again only where its files are newer, or its config differs in more
     than instance_group / version_policy; otherwise it keeps serving with its statistics (and nothing at all happens
     where no file of the model is newer), as tritonserver 2.51. Ferry created every version again on every load."""
+    server = threaded_server([_probe_repository(tmp_path)], model_control_mode="explicit", load_models=("probe",))
+    got = _reload_answers(server.server.http_port, tmp_path, warm_up=False)
+    got.pop("first")
+    assert got == _RELOAD_EXPECTED
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_triton_updates_a_loaded_model_as_recorded(tmp_path):
     import subprocess
 
     from support.server import free_ports, wait_ready
     from support.triton import triton_args, triton_or_skip, triton_repositories
 
-    server = threaded_server([_probe_repository(tmp_path / "ferry")], model_control_mode="explicit",
-                             load_models=("probe",))
-    got = _reload_answers(server.server.http_port, tmp_path / "ferry", warm_up=False)
-    # nothing initialized again, the statistics kept
-    assert got["unchanged"] == (200, [], {"2": True}, [("probe_0", 1)], {})
-    # an instance-group change keeps the instances whose group setting is the same (the last kept first, under its
-    # own name) and creates or finalizes only the difference; the version keeps its statistics
-    assert got["two instances"] == (200, ["init v2 probe_0_1"], {"2": True}, [("probe_0", 2)], {})
-    assert got["three instances"] == (200, ["init v2 probe_0_2"], {"2": True}, [("probe_0", 3)], {})
-    assert got["one instance"] == (200, ["fini probe_0_0", "fini probe_0_1"], {"2": True}, [("probe_0", 1)], {})
-    assert got["all versions"][1] == ["init v1 probe_0_0", "init v1 probe_0_1", "init v2 probe_0_1"]
-    assert got["comment"] == (200, [], {"2": True}, [("probe_0", 1)], {})
-    assert got["identical config override"][1:3] == ([], {"1": True, "2": True})
-    assert got["no override after one"][1:] == ([], {"1": True, "2": True}, [("probe_0", 2)], {"k": {"string_value": "v"}})
-
     located = triton_or_skip()
-    repository = triton_repositories([_probe_repository(tmp_path / "triton")])[0]  # the copy tritonserver serves
+    repository = triton_repositories([_probe_repository(tmp_path)])[0]  # the copy tritonserver serves
     http, grpc_port, metrics = free_ports(3)
     args = triton_args([repository], ["probe"], http_port=http, grpc_port=grpc_port, metrics_port=metrics)
     proc = subprocess.Popen(located.command(*args, "--exit-timeout-secs=2"), env=located.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(http, proc, timeout=60)
-        expected = _reload_answers(http, repository, warm_up=True)
+        got = _reload_answers(http, repository, warm_up=True)
     finally:
         proc.kill()
         proc.wait()
-    expected.pop("first"), got.pop("first")
-    assert got == expected
+    got.pop("first")
+    assert got == _RELOAD_EXPECTED
 
 
 # ---- load errors worded as tritonserver 2.51 words them ----------------------------------------------------------
@@ -810,19 +915,60 @@ def _load_error_answers(http_port: int, grpc_port: int) -> dict[str, object]:
     return answers
 
 
+def _load_failed(name: str, *failed: str) -> str:
+    """tritonserver's message when versions 1, 2, ... of ``name`` fail with these reasons (None: loaded)."""
+    return f"load failed for model '{name}': " + "".join(
+        f"version {version} is at UNAVAILABLE state: {reason};" for version, reason in enumerate(failed, 1)
+        if reason) + "\n"
+
+
+_BOOM = "Internal: ValueError: boom in initialize v{}"
+_NO_BACKEND = ("Invalid argument: unable to find backend library for backend 'nonexistent_backend', try specifying "
+               "runtime on the model configuration.")
+#: model -> the reasons its versions 1, 2 failed for, under tritonserver 2.51 (None: loaded)
+_LOAD_ERROR_REASONS: dict[str, tuple[str | None, ...]] = {
+    "e_init_raises": (_BOOM.format(1),),
+    "e_syntax": ("Internal: SyntaxError: invalid syntax (model.py, line N)",),
+    "e_import_raises": ("Internal: RuntimeError: broken on purpose",),
+    "e_backend": (_NO_BACKEND,),
+    "e_two": (_BOOM.format(1), _BOOM.format(2)),
+    "e_two_mixed": (None, _BOOM.format(2)),
+}
+
+
+def _load_errors_expected() -> dict[str, object]:
+    """tritonserver 2.51's answers to ``_load_error_answers``: the same words over HTTP (400) and gRPC
+    (INVALID_ARGUMENT), the index reason the part after "state: "."""
+    expected: dict[str, object] = {}
+    for name, reasons in _LOAD_ERROR_REASONS.items():
+        message = _load_failed(name, *reasons)
+        expected[name] = ((400, message), ("INVALID_ARGUMENT", message))
+    expected["index"] = {(name, str(version)): reason for name, reasons in sorted(_LOAD_ERROR_REASONS.items())
+                         for version, reason in enumerate(reasons, 1) if reason}
+    return expected
+
+
+def _load_error_repository(path):
+    for name, (backend, extra, files) in _LOAD_ERROR_MODELS.items():
+        write_model(path, name, _LOAD_ERROR_CONFIG.format(name=name, backend=backend, extra=extra), files=files)
+    return path
+
+
 def test_load_errors_worded_as_nvidia_tritons(threaded_server, tmp_path):
     """A python model raising in initialize or on import, a syntax error, an unknown backend, and two versions
     failing: `load failed for model '<m>': version N is at UNAVAILABLE state: <Code>: <cause>;` per failed version,
     HTTP 400 / gRPC INVALID_ARGUMENT, the index reason the part after "state: " (tracebacks aside)."""
-    from support.triton import running_triton
-
-    for name, (backend, extra, files) in _LOAD_ERROR_MODELS.items():
-        write_model(tmp_path, name, _LOAD_ERROR_CONFIG.format(name=name, backend=backend, extra=extra), files=files)
-    server = threaded_server([tmp_path], model_control_mode="explicit")
+    server = threaded_server([_load_error_repository(tmp_path)], model_control_mode="explicit")
     got = _load_error_answers(server.server.http_port, server.server.grpc_port)
     assert got["e_init_raises"][0] == (400, "load failed for model 'e_init_raises': version 1 is at UNAVAILABLE "
                                             "state: Internal: ValueError: boom in initialize v1;\n")
     assert got["index"][("e_two", "2")] == "Internal: ValueError: boom in initialize v2"
-    with running_triton(tmp_path, [], "--exit-on-error=false") as (http, grpc_port, _):
-        expected = _load_error_answers(http, grpc_port)
-    assert got == expected
+    assert got == _load_errors_expected()
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_triton_words_load_errors_as_recorded(tmp_path):
+    from support.triton import running_triton
+
+    with running_triton(_load_error_repository(tmp_path), [], "--exit-on-error=false") as (http, grpc_port, _):
+        assert _load_error_answers(http, grpc_port) == _load_errors_expected()

@@ -341,6 +341,7 @@ def test_http_workers_answer_as_triton(repository: Path) -> None:
     assert answers == {name: expected for name, (_, expected) in CASES.items()}
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_triton_answers_as_the_table_says(repository: Path) -> None:
     """Side by side: Triton 2.51 gives every answer of the table (skipped where it cannot be had)."""
     from support.triton import running_triton

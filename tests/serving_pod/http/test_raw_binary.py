@@ -255,6 +255,7 @@ def test_http_workers_answer_raw_requests_as_triton(repository: Path) -> None:
     assert all(answer == EXPECTED for answer in answers)
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_triton_answers_raw_requests_as_the_table_says(repository: Path) -> None:
     """Side by side: Triton 2.51 gives every answer of the table (skipped where it cannot be had)."""
     from support.triton import running_triton
