@@ -6,7 +6,8 @@ by structure: level letter and message, never time, pid or ``file:line``. Each s
 the API, a change the poller sees, a stop) is compared with the entries it produced, as recorded from Triton; the
 Ferry half runs by default against those recordings, the Triton half (``-m slow``) checks that they are Triton's.
 Within a step entries are compared in order where Triton's order is fixed (a version's ``loading:`` before the
-model's ``successfully loaded``, an ensemble's after its composing model's) and as a multiset where it depends on
+model's ``successfully loaded``, an ensemble's after its composing model's; an ensemble's ``successfully unloaded``
+before its composing model's, at an unload and at stop) and as a multiset where it depends on
 Triton's threads (concurrent loads at start, the versions a reload retires).
 
 Compared: the lifecycle lines (``loading: m:1``, ``successfully loaded 'm'``, ``successfully unloaded 'm' version
@@ -29,8 +30,6 @@ Kept different on purpose:
   extra rows of the model table); Ferry's stops at the exception. Compared up to the traceback.
 - The options table has no ``pinned_memory_pool_byte_size`` row: Ferry has no pinned memory pool.
 - Ferry does not print Triton's empty ``Repository Agent`` and ``Backend`` tables.
-- The order of unloads: Triton unloads an ensemble before its composing model (at stop and on an unload), Ferry
-  after it; compared as a multiset.
 - Verbose gRPC lines: only the ``step START`` line of tritonserver's per-RPC state machine (not its ``Ready for
   RPC``, ``step COMPLETE``/``FINISH`` and ``Done for`` lines, nor its request-state and buffer lines), on the native
   gRPC front end only (``--grpc-server=grpcio`` writes the ``Infer failed`` line only).
@@ -61,7 +60,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_ENSEMBLE, ADD_SUB_MODEL
 from support.server import free_ports, write_model
 from support.triton import triton_or_skip, triton_repositories
 
@@ -72,16 +71,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SLOW = pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 SERVERS = ["ferry", pytest.param("triton", marks=SLOW)]
 
-ENSEMBLE = '''
-name: "ens"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
-output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
-  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-  output_map { key: "OUTPUT0" value: "SUM" } } ] }
-'''
+ENSEMBLE = ADD_SUB_ENSEMBLE
 BROKEN_MODEL = '''
 import triton_python_backend_utils as pb_utils
 
@@ -114,6 +104,8 @@ LOADS_ENSEMBLE = [("I", "loading: add_sub:1"), ("I", "successfully loaded 'add_s
                   ("I", "successfully loaded 'ens'")]
 RELOADS_ENSEMBLE = LOADS_ENSEMBLE + [("I", "successfully unloaded 'add_sub' version 1"),
                                      ("I", "successfully unloaded 'ens' version 1")]
+#: unloading the composing model, or stopping: the ensemble goes first
+UNLOADS_ENSEMBLE = [("I", "successfully unloaded 'ens' version 1"), ("I", "successfully unloaded 'add_sub' version 1")]
 
 
 # --- the log, read back -----------------------------------------------------------------------------------------
@@ -398,7 +390,7 @@ def test_explicit_model_control(kind: str, repository: Path, start: Callable[...
     if kind == "triton":  # module docstring: its attempt to load the ensemble again, not copied
         unloaded.remove(("E", "Invalid argument: ensemble ens contains models that are not available or ambiguous: "
                               "add_sub"))
-    assert sorted(unloaded) == sorted(RELOADS_ENSEMBLE[4:])
+    assert unloaded == UNLOADS_ENSEMBLE
     assert lifecycle(server.step(0, server.stop)) == []  # nothing loaded is left to unload
 
 
@@ -419,7 +411,7 @@ def test_startup_loads_and_failures(kind: str, repository: Path, start: Callable
     assert options_table(entries, kind) == options_expected(repo, "MODE_NONE")
     failed = next(i for i, e in enumerate(entries) if e.message == "Internal: failed to load all models")
     assert max(i for i, e in enumerate(entries) if e.rows) < failed
-    assert sorted(lifecycle(server.step(2, server.stop))) == sorted(RELOADS_ENSEMBLE[4:])
+    assert lifecycle(server.step(2, server.stop)) == UNLOADS_ENSEMBLE
 
 
 @pytest.mark.parametrize("kind", SERVERS)

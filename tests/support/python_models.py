@@ -44,6 +44,18 @@ class TritonPythonModel:
 '''
 
 
+#: ``ens``: one step over ``add_sub`` (A, B -> SUM)
+ADD_SUB_ENSEMBLE = '''
+name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" } } ] }
+'''
+
 #: decoupled ``counter``: N responses I = 0..N-1, then the final flag; N = -k sends k - 1 responses and an error
 COUNT_CONFIG = """
 name: "counter"

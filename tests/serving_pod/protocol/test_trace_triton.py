@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL, COUNT_CONFIG, COUNT_MODEL
+from support.python_models import ADD_SUB_CONFIG, ADD_SUB_ENSEMBLE, ADD_SUB_MODEL, COUNT_CONFIG, COUNT_MODEL
 from support.server import (
     ServerThread,
     free_ports,
@@ -65,16 +65,7 @@ class TritonPythonModel:
                 for r in requests]
 ''')
 
-ENSEMBLE = '''
-name: "ens"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 4 ] } ]
-output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
-  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-  output_map { key: "OUTPUT0" value: "SUM" } } ] }
-'''
+ENSEMBLE = ADD_SUB_ENSEMBLE
 
 COUNTER = (COUNT_CONFIG, COUNT_MODEL)
 
