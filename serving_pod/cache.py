@@ -13,8 +13,9 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
   names of the requested outputs (none listed = all the config's outputs listed). Output parameters
   are not in it: the engine classifies and writes shared memory after the cache (``core.outputs``),
   and ``binary_data`` only changes the encoding, so HTTP and gRPC clients share entries.
-- Only successful responses are stored. Decoupled and sequence-batching models cannot enable it
-  (load error, Triton's message).
+- Only successful responses are stored. Decoupled and sequence-batching models cannot enable it (Triton's
+  message, and its status: INTERNAL ``failed to poll from model repository`` with the reason after it; an
+  ensemble decoupled by a step fails its version: ``version 1 is at UNAVAILABLE state: Invalid argument: ...``).
 - Kept apart from Triton on purpose (tests/serving_pod/test_cache_triton.py says how Triton behaves):
   Triton's key has neither shapes nor requested outputs, so it answers a [2, 2] request with the
   [1, 4] answer of the same bytes and returns outputs the client did not ask for; it stores a failed
@@ -25,7 +26,7 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
   the ensemble's name and version; a hit runs no composing model. An ensemble with a sequence
   composing model (at any depth) inherits that model's limitation, as Triton's docs say: it loads,
   with a warning, and is not cached. A decoupled composing model makes the ensemble decoupled, which the
-  cache refuses at load (Triton 2.51's check reads the derived policy too).
+  cache refuses at load, each version's failure (Triton 2.51's check reads the derived policy too).
   Triton 2.51 caches such an ensemble anyway, so a sequence's later requests are answered from the
   cache and never reach the stateful model: kept apart on purpose.
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no
@@ -52,10 +53,10 @@ import numpy as np
 
 from serving_pod.core.errors import (
     CancelledError,
-    ModelLoadError,
     ServerError,
     UnavailableError,
 )
+from serving_pod.core.load_errors import VersionRefused
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger("ferry.cache")
@@ -274,18 +275,21 @@ def cache_for(engine: Any) -> ResponseCache | None:
 
 
 def refuse_unsupported(config: Any) -> None:
-    """Triton's load errors for a model that enables the cache but cannot use it (decoupled, sequence)."""
+    """``VersionRefused`` in Triton 2.51's words for a model that enables the cache but cannot use it (sequence
+    batching, then decoupled, as its ``ValidateModelConfig`` checks them). Triton checks a config at its repository
+    poll (``core.builder.refuse_config``: a poll refusal) and again for each version it loads, where an ensemble's
+    policy is decoupled when a step's model is (``schedulers.factory``: each version's failure)."""
     if not config.response_cache.enable:
         return
-    if config.model_transaction_policy.decoupled:
-        raise ModelLoadError(
-            f"Response Cache does not currently support model '{config.name}' with 'decoupled' "
-            "transaction policy. Please disable the response cache."
-        )
     if config.HasField("sequence_batching"):
-        raise ModelLoadError(
-            f"Response Cache does not currently support model '{config.name}' with sequence batching "
+        raise VersionRefused(
+            f"Response Cache does not currently support model {config.name} with sequence batching "
             "scheduler. Please disable the response cache."
+        )
+    if config.model_transaction_policy.decoupled:
+        raise VersionRefused(
+            f"Response Cache does not currently support model {config.name} with 'decoupled' "
+            "transaction policy. Please disable the response cache."
         )
 
 

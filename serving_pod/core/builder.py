@@ -21,7 +21,12 @@ from serving_pod.backends.base import InstanceContext, VersionLoadError
 from serving_pod.backends.registry import get_backend
 from serving_pod.core import updates
 from serving_pod.core.latency_metrics import LatencyMetricsSettings, recorder_for
-from serving_pod.core.load_errors import VersionsUnavailable, version_reason
+from serving_pod.core.load_errors import (
+    PollRefused,
+    VersionRefused,
+    VersionsUnavailable,
+    version_reason,
+)
 from serving_pod.core.model import Model
 from serving_pod.core.statistics import ModelStats
 from serving_pod.repository import instance_groups
@@ -73,13 +78,17 @@ def _close_all(instances: list[Any]) -> None:
 
 def refuse_config(config: mc.ModelConfig) -> None:
     """The refusals Triton 2.51 makes while reading a model's config (its poll fails: no version is tried): a response
-    cache it cannot use and sequence batching controls. A sequence ``state`` is checked later, per version, when its
-    scheduler is made (Triton's ``version N is at UNAVAILABLE state``), so it is left out here."""
+    cache it cannot use (an ensemble's as declared: one its steps make decoupled fails each version later) and
+    sequence batching controls. A sequence ``state`` is checked later, per version, when its scheduler is made
+    (Triton's ``version N is at UNAVAILABLE state``), so it is left out here."""
     from serving_pod.cache import refuse_unsupported
     from serving_pod.schedulers.sequence_config import parse_sequence_config
 
-    refuse_unsupported(config)
-    if config.HasField("sequence_batching"):
+    try:
+        refuse_unsupported(config)
+    except VersionRefused as exc:
+        raise PollRefused(str(exc)) from None
+    if config.HasField("sequence_batching") and config.platform != "ensemble":
         controls = mc.ModelConfig()
         controls.CopyFrom(config)
         controls.sequence_batching.ClearField("state")
@@ -119,13 +128,12 @@ class VersionBuilder:
                 default_instance_kind=self.default_instance_kind,
                 min_compute_capability=self.min_compute_capability,
                 config_name=self.config_name,
+                poll_checks=refuse_config,
             )
         except VersionLoadError as exc:  # the backend refused the model (not found, auto-complete): every version
             if not exc.versions:
                 raise
             raise VersionsUnavailable(name, {v: version_reason(exc) for v in exc.versions}) from None
-        if backend_name != "ensemble":
-            refuse_config(config)
         built: list[Built] = []
         failures: dict[int, str] = {}  # as Triton, every version is tried: each failed one with its reason
         try:

@@ -5,9 +5,11 @@ version, then a newline; a version's ``reason`` (also the repository index's) is
 status in Triton's words (``Status::CodeString``): a python model's own exception is ``Internal: ValueError: ...``.
 
 A config refused where Triton refuses it while it polls the repository (reading, parsing and ``ValidateModelConfig``:
-batch settings, sequence batching controls, an ensemble's own steps), before any version is tried, is a
-``PollRefused``; its load answers as Triton's, INTERNAL (HTTP 500) ``failed to load '<m>', failed to poll from model
-repository`` (``PollFailed``), but with Ferry's reason after a colon where Triton's is only in its log.
+batch settings, sequence batching controls, a response cache the model cannot use, an ensemble's own steps; the
+tensors too under ``--disable-auto-complete-config``), before any version is tried, is a ``PollRefused``; its load
+answers as Triton's, INTERNAL (HTTP 500) ``failed to load '<m>', failed to poll from model repository``
+(``PollFailed``), but with Ferry's reason after a colon where Triton's is only in its log. A config Triton refuses
+for each version it tries (its tensors, instance groups, label files) is a ``VersionRefused``: each version's failure.
 
 An ensemble refused with its composing models reads ``load failed for model '<ens>': <why>`` and a newline, ``<why>``
 quoting the composing model's own failure (``composing_failure``) or the cycle of ensembles over each other
@@ -43,6 +45,18 @@ class PollRefused(ModelLoadError):
     code = "INTERNAL"
 
 
+class VersionRefused(ModelLoadError):
+    """A config Triton 2.51 refuses for each version it tries (``ValidateModelIOConfig`` with auto-complete on,
+    ``ValidateInstanceGroup``, label files, an ensemble's derived decoupled policy under the response cache): the
+    registry words it ``version N is at UNAVAILABLE state: <status>: <why>;`` for every version
+    (``VersionsUnavailable``).
+    ``code``: the status, INVALID_ARG unless given (a label file Triton cannot read is INTERNAL)."""
+
+    def __init__(self, message: str, *, code: str = "INVALID_ARG") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class PollFailed(ModelLoadError):
     """A load refused at Triton's repository poll: a model the repositories do not hold (Triton's words exactly) or
     whose config is refused there (``PollRefused``: Triton's words, then a colon and the reason Triton only logs)."""
@@ -76,13 +90,9 @@ class VersionsUnavailable(LoadFailed):
 
 
 class EnsembleInvalid(LoadFailed):
-    """A config refused where Triton refuses it while it polls the repository (reading, parsing and ``ValidateModelConfig``:
-batch settings, sequence batching controls, an ensemble's own steps), before any version is tried, is a
-``PollRefused``; its load answers as Triton's, INTERNAL (HTTP 500) ``failed to load '<m>', failed to poll from model
-repository`` (``PollFailed``), but with Ferry's reason after a colon where Triton's is only in its log.
-
-An ensemble refused with its composing models (one failed, a step does not fit, ensembles over each other);
-    ``cycle``: the ``CircularDependency`` text when that is why, which the ensembles over this one report as theirs."""
+    """An ensemble refused with its composing models (one failed, a step does not fit, ensembles over each other) or
+    for its own tensors; ``cycle``: the ``CircularDependency`` text when that is why, which the ensembles over this one
+    report as theirs."""
 
     def __init__(self, name: str, why: str, cycle: str = "") -> None:
         self.cycle = cycle

@@ -6,15 +6,17 @@ the previous versions serving, and a failed (re)load leaves nothing behind: the 
 are finalized and the versions it assembled leave the rate limiter. As Triton 2.51, a first load refused before any
 version is tried (its config, an ensemble's composing models) lists no version of the model (its row: UNAVAILABLE
 and the reason, where Triton's holds the name only); a config refused where Triton's repository poll refuses it answers
-Triton's 500 ``failed to poll from model repository``, with the reason after it; a version whose scheduler refuses it
-(a sequence state) is that version's failure (``core.load_errors``). Unloading drains a version's scheduler before
-finalizing its instances.
+Triton's 500 ``failed to poll from model repository``, with the reason after it; a config Triton checks per version
+(tensors, instance groups, label files) and a version whose scheduler refuses it (a sequence state, the response cache
+of an ensemble a step makes decoupled) are each version's failure (``core.load_errors``). Unloading drains a version's
+scheduler before finalizing its instances.
 
-As Triton, ensembles follow their composing models: unloading a model unloads the ensembles whose steps
-name it (and theirs), which load again once all their composing models are READY (as they were loaded: a
-load-time config override stays); reloading a composing model reloads the READY ensembles over it. An ensemble
-unloaded on purpose stays unloaded. Ensembles over themselves or each other (loaded at once too, instead of
-waiting for each other forever) are refused with Triton's ``circular dependency between ensembles``.
+As Triton, ensembles follow their composing models: unloading a model first unloads the ensembles whose steps
+name it (and theirs; at shutdown too, an ensemble goes before its composing models), which load again once all their
+composing models are READY (as they were loaded: a load-time config override stays); reloading a composing model
+reloads the READY ensembles over it. An ensemble unloaded on purpose stays unloaded. Ensembles over themselves or each
+other (loaded at once too, instead of waiting for each other forever) are refused with Triton's ``circular dependency
+between ensembles``.
 
 A load of a loaded model does what Triton's does (``core.updates``): nothing when no file of the model directory is
 newer than at its last load (a ``config`` override always counts as newer, and makes a later load without one find
@@ -41,6 +43,7 @@ from serving_pod.core.load_errors import (
     EnsembleInvalid,
     PollFailed,
     PollRefused,
+    VersionRefused,
     VersionsUnavailable,
     composing_failure,
     version_reason,
@@ -283,9 +286,10 @@ class ModelRegistry:
                     try:
                         models.append(self.builder.assemble(config, version, pools, duration, model_dir=model_dir))
                     except ServerError as exc:
-                        if pools is None:  # an ensemble's scheduler: refused for the model, not a version
-                            raise
-                        # a version's scheduler refused it (a sequence state): that version is UNAVAILABLE
+                        if pools is None and not isinstance(exc, VersionRefused):
+                            raise  # an ensemble's scheduler: refused for the model, not a version
+                        # a version's scheduler refused it (a sequence state; the response cache an ensemble's
+                        # decoupled step rules out): that version is UNAVAILABLE
                         failures[version] = version_reason(exc)
                 if failures:
                     raise VersionsUnavailable(name, failures, [m.version for m in models])
@@ -367,10 +371,13 @@ class ModelRegistry:
         return source.path, source
 
     async def unload(self, name: str) -> None:
-        """Unload ``name`` and, as Triton, the ensembles over it (module docstring)."""
+        """Unload ``name`` and, as Triton, the ensembles over it, before it (module docstring)."""
         entry = self.entries.get(name)
         if entry is None:
             return  # tritonserver answers success to unloading a model it never loaded (HTTP and gRPC)
+        for dependent, steps in self._dependents(name):
+            await self.unload(dependent.name)
+            dependent.awaiting = steps
         async with entry.lock:
             entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
             entry.refused = ""  # as a failed version's reason, an unload clears why it was refused
@@ -384,9 +391,6 @@ class ModelRegistry:
             for version in list(entry.versions):
                 entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
         self._changed()
-        for dependent, steps in self._dependents(name):
-            await self.unload(dependent.name)
-            dependent.awaiting = steps
 
     async def load_many(self, names: list[str]) -> dict[str, str]:
         """Load several models concurrently; returns failures by model name (others keep going)."""

@@ -7,7 +7,8 @@
   KIND_CPU. One difference from Triton, where every onnxruntime build has CUDA: an onnxruntime without the
   CUDA execution provider resolves KIND_AUTO to KIND_CPU.
 * ``check`` (Triton's ValidateInstanceGroup): GPUs only in KIND_GPU groups, at least one there, only
-  GPUs that are visible, and a ``profile`` on TensorRT models only; each refusal is Triton's message.
+  GPUs that are visible, and a ``profile`` on TensorRT models only; each refusal is Triton's message, a failure of
+  each version (Triton checks the groups when it creates a version).
 * ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
   a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
 * ``signature``: what an instance-group update matches instances by (Triton's instance signature).
@@ -24,7 +25,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving_pod.core.errors import ModelLoadError
+from serving_pod.core.load_errors import VersionRefused
 
 #: Triton's default ``--min-supported-compute-capability``
 MIN_COMPUTE_CAPABILITY = 6.0
@@ -109,26 +110,29 @@ def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], 
 
 
 def check(config: mc.ModelConfig, gpus: Sequence[int], min_capability: float = MIN_COMPUTE_CAPABILITY) -> None:
-    """ModelLoadError with Triton's message for a group whose GPUs do not fit its kind or this machine (or that
-    names TensorRT profiles on another backend)."""
+    """``VersionRefused`` (each version's failure, as Triton's) with Triton's message for a group whose GPUs do not fit
+    its kind or this machine, or that names TensorRT profiles on another backend; and for a negative count, which
+    Triton serves as its default count (Ferry refuses it)."""
     for group in config.instance_group:
         where = f"instance group {group.name} of model {config.name}"
-        if group.profile and config.backend != "tensorrt":
-            raise ModelLoadError(f"{where} specifies profile field which is only supported for TensorRT models")
         kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
         if kind != "KIND_GPU":
             if group.gpus:
-                raise ModelLoadError(f"{where} has kind {kind} but specifies one or more GPUs")
-            continue
-        if not group.gpus:
-            raise ModelLoadError(f"{where} has kind KIND_GPU but no GPUs are available")
+                raise VersionRefused(f"{where} has kind {kind} but specifies one or more GPUs")
+        elif not group.gpus:
+            raise VersionRefused(f"{where} has kind KIND_GPU but no GPUs are available")
         for gpu in group.gpus:
             if gpu not in gpus:
-                raise ModelLoadError(
+                raise VersionRefused(
                     f"{where} specifies invalid or unsupported gpu id {gpu}. GPUs with at least the minimum "
                     f"required CUDA compute compatibility of {min_capability:.6f} are: "
                     + ", ".join(str(g) for g in gpus)
                 )
+        if group.profile and config.backend != "tensorrt":  # Triton's words: no space after the platform
+            raise VersionRefused(f"{where} and platform {config.platform}specifies profile field which is only "
+                                 "supported for TensorRT models")
+        if group.count < 0:
+            raise VersionRefused(f"{where} specifies count {group.count}: it must be >= 1")
 
 
 def placements(config: mc.ModelConfig) -> list[tuple[str, str, int, mc.ModelInstanceGroup]]:

@@ -2,12 +2,16 @@
 
 Order, as Triton: read config.pbtxt (or an override) -> resolve the backend -> backend auto-complete
 (unless ``--disable-auto-complete-config``; dynamic batching for max_batch_size > 1 where the backend's
-auto-complete adds it) -> Triton's normalization (instance groups, version policy, optimization,
-default_model_filename, batcher defaults) -> validation. Runs on a loader thread, never on the request path.
+auto-complete adds it) -> the checks of Triton's repository poll (batch settings: ``PollRefused``) -> the checks
+Triton makes per version (instance groups, tensors, label files: ``VersionRefused``, every version failing with it;
+the tensors are the poll's without auto-complete, and an ensemble's are its own failure, ``EnsembleInvalid``) ->
+Triton's normalization (version policy, optimization, default_model_filename, batcher defaults). Runs on a loader
+thread, never on the request path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -15,10 +19,24 @@ from tritonclient.grpc import model_config_pb2 as mc
 from serving_pod.backends.base import VersionLoadError
 from serving_pod.backends.registry import get_backend
 from serving_pod.core.errors import ModelLoadError
-from serving_pod.core.load_errors import PollRefused
+from serving_pod.core.load_errors import (
+    EnsembleInvalid,
+    PollRefused,
+    VersionRefused,
+    VersionsUnavailable,
+    version_reason,
+)
 from serving_pod.repository import instance_groups
-from serving_pod.repository.config import load_config, parse_config_json, resolve_backend
-from serving_pod.repository.validation import select_versions, validate_config
+from serving_pod.repository.config import (
+    load_config,
+    parse_config_json,
+    resolve_backend,
+)
+from serving_pod.repository.validation import (
+    select_versions,
+    validate_config,
+    validate_io,
+)
 
 
 def prepare_config(
@@ -31,8 +49,10 @@ def prepare_config(
     default_instance_kind: str = "KIND_AUTO",
     min_compute_capability: float = instance_groups.MIN_COMPUTE_CAPABILITY,
     config_name: str = "",
+    poll_checks: Callable[[mc.ModelConfig], None] | None = None,
 ) -> tuple[mc.ModelConfig, str, list[int]]:
-    """The completed config, its backend name and the versions to load (``config_name``: ``--model-config-name``)."""
+    """The completed config, its backend name and the versions to load (``config_name``: ``--model-config-name``;
+    ``poll_checks``: the caller's further refusals of Triton's repository poll, made after this module's own)."""
     if not model_dir.is_dir():
         raise ModelLoadError(f"model '{name}': directory {model_dir} does not exist")
     if override_json is not None:
@@ -46,7 +66,8 @@ def prepare_config(
         config = load_config(model_dir, name, config_name)
     backend_name = resolve_backend(config, model_dir)
     versions = select_versions(config, model_dir)
-    if backend_name != "ensemble":
+    ensemble = backend_name == "ensemble"
+    if not ensemble:
         try:
             backend = get_backend(backend_name, backend_settings(backend_config, backend_name))
             if autocomplete:
@@ -64,13 +85,33 @@ def prepare_config(
         ):
             config.dynamic_batching.SetInParent()
         _check_model_files(config, model_dir, versions, backend.default_model_filename())
-        _check_label_files(config, model_dir)
-        if not config.default_model_filename:
-            config.default_model_filename = backend.default_model_filename()
-    _complete_instance_groups(config, backend_name, default_instance_kind, min_compute_capability)
-    _normalize(config)
     validate_config(config)
+    if poll_checks is not None:
+        poll_checks(config)
+    try:
+        if not autocomplete:  # Triton checks the tensors while it polls the repository then
+            _io_at_poll(config)
+        _complete_instance_groups(config, backend_name, default_instance_kind, min_compute_capability)
+        validate_io(config)
+        if not ensemble:
+            _check_label_files(config, model_dir)
+    except VersionRefused as exc:
+        if ensemble:  # Triton finds an ensemble's bad tensors with its steps: the ensemble is not valid
+            raise EnsembleInvalid(name, str(exc)) from None
+        # as Triton: every version is tried, and each fails for the same reason
+        raise VersionsUnavailable(name, dict.fromkeys(versions, version_reason(exc))) from None
+    if not ensemble and not config.default_model_filename:
+        config.default_model_filename = backend.default_model_filename()
+    _normalize(config)
     return config, backend_name, versions
+
+
+def _io_at_poll(config: mc.ModelConfig) -> None:
+    """The tensors checked as Triton checks them without auto-complete: a refusal is the poll's."""
+    try:
+        validate_io(config)
+    except VersionRefused as exc:
+        raise PollRefused(str(exc)) from None
 
 
 #: backends whose Triton auto-complete leaves the scheduler alone: Triton's python backend never adds
@@ -86,7 +127,7 @@ def _normalize(config: mc.ModelConfig) -> None:
     if config.platform == "ensemble":
         # Triton's ensemble validation always sets the policy (decoupled when a step's model is), so its served
         # config has {"decoupled": false} even where config.pbtxt has none. A value given is kept here: Triton
-        # replaces a given true, but only after its response-cache check has read it (validate_config reads it too)
+        # replaces a given true, but only after its response-cache check has read it (cache.refuse_unsupported)
         config.model_transaction_policy.SetInParent()
         return
     optimization = config.optimization
@@ -130,17 +171,16 @@ def _check_model_files(
 
 
 def _check_label_files(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Triton reads every output's ``label_filename`` (in the model directory) when the model loads. A name that
-    leaves the directory is left to ``classification``, which refuses to read it."""
+    """Triton reads every output's ``label_filename`` (in the model directory) when a version loads: one it cannot
+    open fails each version, INTERNAL, in Triton's words. A name that leaves the directory is left to
+    ``classification``, which refuses to read it."""
     root = model_dir.resolve()
     for output in config.output:
         path = model_dir / output.label_filename
         inside = path.resolve().is_relative_to(root)
         if output.label_filename and inside and not path.is_file():
-            raise ModelLoadError(
-                f"model '{config.name}': output '{output.name}' label_filename: failed to open text file for read "
-                f"{path}: No such file or directory"
-            )
+            raise VersionRefused(f"failed to open text file for read {path}: No such file or directory",
+                                 code="INTERNAL")
 
 
 def _complete_instance_groups(config: mc.ModelConfig, backend: str, default_kind: str, min_capability: float) -> None:

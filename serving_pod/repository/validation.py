@@ -3,7 +3,9 @@
 Runs after the backend's auto-complete; what it accepts, the engine can rely on (data types known,
 dims sane, batch settings coherent, version folders present). A bad ``max_batch_size`` or batcher setting is a
 ``PollRefused`` (Triton's ``ValidateModelConfig`` refuses it while polling the repository: ``core.load_errors``); a
-version policy that leaves no version is a ``LoadFailed``, as Triton's.
+tensor Triton's ``ValidateModelIOConfig`` refuses is a ``VersionRefused`` in its words (``validate_io``: each version's
+failure, or a poll refusal under ``--disable-auto-complete-config``, as Triton's); a version policy that leaves no
+version is a ``LoadFailed``, as Triton's.
 """
 
 from __future__ import annotations
@@ -15,35 +17,20 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.datatypes import WIRE_TO_NUMPY, config_to_wire
 from serving_pod.core.errors import ModelLoadError
-from serving_pod.core.load_errors import LoadFailed, PollRefused
+from serving_pod.core.load_errors import LoadFailed, PollRefused, VersionRefused
 
 log = logging.getLogger(__name__)
 
-_TYPE_NAMES = mc.DataType.keys()
-
 
 def validate_config(config: mc.ModelConfig) -> None:
-    """Raise ModelLoadError describing the first problem found in ``config``."""
+    """Raise ``PollRefused`` for what Triton's ``ValidateModelConfig`` refuses while it polls the repository (batch
+    settings), ``ModelLoadError`` for Ferry's own parameters."""
     name = config.name
     if config.max_batch_size < 0:
         raise PollRefused(
             f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}"
         )
-    is_ensemble = config.platform == "ensemble"
-    if not is_ensemble and not config.output and config.backend != "python":  # Triton's python backend needs none
-        raise ModelLoadError(f"model '{name}' must specify at least one output")
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        seen: set[str] = set()
-        for tensor in tensors:
-            _validate_tensor(name, kind, tensor)
-            _validate_reshape(config, kind, tensor)
-            if not is_ensemble and config.backend != "tensorrt":
-                _validate_tensorrt_only(name, kind, tensor)
-            if tensor.name in seen:
-                raise ModelLoadError(f"model '{name}': duplicate {kind} name '{tensor.name}'")
-            seen.add(tensor.name)
     _validate_batching(config)
-    _validate_instance_groups(config)
     if "ferry_execution_mode" in config.parameters:
         mode = config.parameters["ferry_execution_mode"].string_value
         if mode not in ("auto", "thread", "inline"):
@@ -52,53 +39,79 @@ def validate_config(config: mc.ModelConfig) -> None:
             )
 
 
-def _validate_tensor(model: str, kind: str, tensor) -> None:
+def validate_io(config: mc.ModelConfig) -> None:
+    """Raise ``VersionRefused`` for the first tensor Triton's ``ValidateModelIOConfig`` refuses, in its order and
+    words (``<why> for <model>``): each input, then each output. Ferry refuses more, in the same form: a tensor named
+    twice (Triton loads it), a data type it has no array type for, no output outside python models. An ensemble's
+    tensors may be shape tensors or in a non-linear format (its steps' models say whether they can be)."""
+    name = config.name
+    trt = config.backend == "tensorrt" or config.platform == "tensorrt_plan"
+    ensemble = config.platform == "ensemble"
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for tensor in tensors:
+            why = _tensor_refusal(kind, tensor, config.max_batch_size, trt, ensemble)
+            if why is None and tensor.name in seen:
+                why = f"model {kind} '{tensor.name}' is specified more than once"
+            if why is not None:
+                raise VersionRefused(f"{why} for {name}")
+            seen.add(tensor.name)
+    if not ensemble and not config.output and config.backend != "python":
+        raise VersionRefused(f"model must specify at least one output for {name}")  # Triton's python needs none
+
+
+def _tensor_refusal(kind: str, tensor: mc.ModelInput | mc.ModelOutput, max_batch_size: int, trt: bool,
+                    ensemble: bool) -> str | None:
+    """Why Triton refuses one tensor (``ValidateIOShape``, then the format checks: a TensorRT model's, or none for an
+    ensemble), without `` for <model>``."""
     if not tensor.name:
-        raise ModelLoadError(f"model '{model}': an {kind} has no name")
-    type_name = mc.DataType.Name(tensor.data_type)
-    if tensor.data_type == mc.TYPE_INVALID or config_to_wire(type_name) not in WIRE_TO_NUMPY:
-        raise ModelLoadError(
-            f"model '{model}': {kind} '{tensor.name}' has invalid data_type {type_name}; "
-            f"expected one of {', '.join(t for t in _TYPE_NAMES if t != 'TYPE_INVALID')}"
-        )
+        return f"model {kind} must specify 'name'"
+    prefix = f"model {kind} '{tensor.name}' "
+    if tensor.data_type == mc.TYPE_INVALID:
+        return prefix + "must specify 'data_type'"
+    if config_to_wire(mc.DataType.Name(tensor.data_type)) not in WIRE_TO_NUMPY:
+        return prefix + f"has data_type {mc.DataType.Name(tensor.data_type)}, which this server does not support"
     if not tensor.dims:
-        raise ModelLoadError(f"model '{model}': {kind} '{tensor.name}' must specify 'dims'")
-    for dim in tensor.dims:
-        if dim < -1 or dim == 0:
-            raise ModelLoadError(
-                f"model '{model}': {kind} '{tensor.name}' has invalid dims {list(tensor.dims)}: "
-                "each dim must be -1 (variable) or a positive size"
-            )
-    image = kind == "input" and tensor.format in (mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW)
-    if image and len(tensor.dims) != 3:
-        raise ModelLoadError(
-            f"model '{model}': input '{tensor.name}' has format {mc.ModelInput.Format.Name(tensor.format)}: "
-            f"NHWC/NCHW require 3 dims, got {list(tensor.dims)}"
-        )
+        return prefix + "must specify 'dims'"
+    reshape = tensor.HasField("reshape")
+    if reshape and not tensor.reshape.shape and max_batch_size == 0:
+        return prefix + "cannot have empty reshape for non-batching model as scalar tensors are not supported"
+    if any(dim < 1 and dim != -1 for dim in tensor.dims):
+        return prefix + "dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
+    if reshape:
+        why = _reshape_refusal(list(tensor.dims), list(tensor.reshape.shape))
+        if why is not None:
+            return prefix + why
+    if kind == "input" and tensor.format in (mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW) \
+            and len(tensor.dims) != 3:
+        return "model input NHWC/NCHW require 3 dims"
+    if ensemble:
+        return None
+    if not trt and tensor.is_shape_tensor:
+        return "shape tensors are only supported for TensorRT platform"
+    if tensor.is_non_linear_format_io:
+        if not trt:
+            return "Non-linear IO format is only supported for the TensorRT platform"
+        if len(tensor.dims) != 3:
+            return f"Non-linear IO format {kind} requires 3 dims"
+    return None
 
 
-def _validate_reshape(config: mc.ModelConfig, kind: str, tensor) -> None:
-    """Triton's reshape rules: the same element count as ``dims`` (an empty reshape for a single element, in a
-    batching model only), and with variable dims the same count between each pair of them."""
-    if not tensor.HasField("reshape"):
-        return
-    dims, shape = list(tensor.dims), list(tensor.reshape.shape)
-    where = f"model '{config.name}': {kind} '{tensor.name}' reshape {shape}"
-    if not shape and config.max_batch_size == 0:
-        raise ModelLoadError(
-            f"{where}: cannot have empty reshape for non-batching model as scalar tensors are not supported"
-        )
+def _reshape_refusal(dims: list[int], shape: list[int]) -> str | None:
+    """Triton's reshape rules: dims of 1 or more (or -1), the same element count as ``dims`` (an empty reshape for a
+    single element), and with variable dims the same count between each pair of them."""
+    if any(dim < 1 and dim != -1 for dim in shape):
+        return "reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension"
     dims_count, shape_count = _count(dims), _count(shape)
     if dims_count != shape_count and (shape_count != 0 or dims_count != 1):
-        raise ModelLoadError(f"{where} has a different element count than dims {dims}")
+        return "has different size for dims and reshape"
     if dims_count == -1:
         dims_runs, shape_runs = _runs(dims), _runs(shape)
         if len(dims_runs) != len(shape_runs):
-            raise ModelLoadError(f"{where} has a different number of variable-size dimensions than dims {dims}")
+            return "has different number of variable-size dimensions for dims and reshape"
         if dims_runs != shape_runs:
-            raise ModelLoadError(
-                f"{where} has a different element count than dims {dims} between its variable-size dimensions"
-            )
+            return "has different size for dims and reshape"
+    return None
 
 
 def _count(dims: list[int]) -> int:
@@ -122,19 +135,6 @@ def _runs(dims: list[int]) -> list[int]:
             current *= dim
     runs.append(current)
     return runs
-
-
-def _validate_tensorrt_only(model: str, kind: str, tensor) -> None:
-    """Tensor properties Triton allows on TensorRT models only."""
-    if tensor.is_shape_tensor:
-        raise ModelLoadError(
-            f"model '{model}': {kind} '{tensor.name}': shape tensors are only supported for TensorRT platform"
-        )
-    if tensor.is_non_linear_format_io:
-        raise ModelLoadError(
-            f"model '{model}': {kind} '{tensor.name}': Non-linear IO format is only supported for the TensorRT "
-            "platform"
-        )
 
 
 def _validate_batching(config: mc.ModelConfig) -> None:
@@ -176,14 +176,6 @@ def _validate_batching(config: mc.ModelConfig) -> None:
                     f"model '{name}': priority_queue_policy for level {level} outside "
                     f"1..priority_levels ({batching.priority_levels})"
                 )
-
-
-def _validate_instance_groups(config: mc.ModelConfig) -> None:
-    for group in config.instance_group:
-        if group.count < 0:
-            raise ModelLoadError(
-                f"model '{config.name}': instance group '{group.name}' count must be >= 1, got {group.count}"
-            )
 
 
 def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:

@@ -226,7 +226,8 @@ async def test_cache_needs_both_server_and_model(tmp_path: Path, server_factory,
 async def test_decoupled_models_cannot_enable_the_cache(tmp_path: Path, server_factory) -> None:
     cached_model(tmp_path, "dec", extra="model_transaction_policy { decoupled: true }")
     handle = await server_factory([tmp_path], cache_config=CACHE, model_control_mode="explicit")
-    with pytest.raises(ModelLoadError, match="Response Cache does not currently support model 'dec'"):
+    with pytest.raises(ModelLoadError, match="failed to poll from model repository: Response Cache does not currently "
+                                             "support model dec with 'decoupled'"):
         await handle.engine.load_model("dec")
 
 
@@ -365,11 +366,11 @@ async def test_ensemble_with_a_sequence_step_is_not_cached(tmp_path: Path, serve
     [
         ("dec_ens", ensemble_config("dec_ens", ["step_a"],
                                     extra=_cache() + "\nmodel_transaction_policy { decoupled: true }"),
-         "Response Cache does not currently support model 'dec_ens' with 'decoupled' transaction policy. "
-         "Please disable the response cache."),
+         "failed to load 'dec_ens', failed to poll from model repository: Response Cache does not currently "
+         "support model dec_ens with 'decoupled' transaction policy. Please disable the response cache."),
         ("seq_cached", test_model_config("seq_cached", extra="sequence_batching { }\nresponse_cache { enable: true }"),
-         "Response Cache does not currently support model 'seq_cached' with sequence batching scheduler. "
-         "Please disable the response cache."),
+         "failed to load 'seq_cached', failed to poll from model repository: Response Cache does not currently "
+         "support model seq_cached with sequence batching scheduler. Please disable the response cache."),
     ],
 )
 async def test_decoupled_ensembles_and_sequence_models_cannot_enable_the_cache(

@@ -4,9 +4,9 @@ Every test runs against Ferry and, where it can be had, against Triton (``suppor
 installer's reason otherwise), and expects the same: which requests are hits (the models answer with how many
 times they executed, so a hit shows as an old count), the statistics' counts and which durations are non-zero,
 the ``nv_cache_*`` metric families with their labels and counts, Triton's byte accounting of its local cache
-(``nv_cache_util``, entries, evictions), and the load errors of decoupled and sequence models. Durations are
-timing and only their presence is compared. Triton copies its cache's totals into the gauges from a polling
-thread, so the gauges are read once ``nv_cache_num_lookups`` has caught up.
+(``nv_cache_util``, entries, evictions), and the load errors of decoupled and sequence models and of decoupled
+ensembles. Durations are timing and only their presence is compared. Triton copies its cache's totals into the
+gauges from a polling thread, so the gauges are read once ``nv_cache_num_lookups`` has caught up.
 
 Kept apart from Triton on purpose (each asserted here, per server):
 
@@ -20,9 +20,12 @@ Kept apart from Triton on purpose (each asserted here, per server):
   miss.
 - An entry no larger than the cache but larger than its free segment makes Triton evict every entry and then
   store nothing; Ferry refuses it without evicting.
-- Triton's load error for a model that cannot use the cache (decoupled, sequence batching) is
-  "failed to load '<name>', failed to poll from model repository" (HTTP 500 / INTERNAL), the reason only in
-  its log; Ferry answers with the reason Triton logs (HTTP 400 / INVALID_ARGUMENT) and keeps it in the index.
+- Triton's load error for a model that cannot use the cache (decoupled, sequence batching, an ensemble declared
+  decoupled) is "failed to load '<name>', failed to poll from model repository" (HTTP 500 / INTERNAL), the reason
+  only in its log; Ferry answers the same, then a colon and the reason Triton logs, and keeps it in the index. An
+  ensemble that a decoupled step makes decoupled fails its version in both: HTTP 400 "load failed for model '<ens>':
+  version 1 is at UNAVAILABLE state: Invalid argument: Response Cache does not currently support model <ens> with
+  'decoupled' transaction policy. ...;", its index row version 1 UNAVAILABLE with that reason.
 - Triton does not store a response with an empty output (it misses every time); Ferry stores it.
 - An ensemble with a sequence-batching step and ``response_cache`` enabled: Triton caches it, so a sequence's
   later requests are answered from the cache (and one without a correlation id succeeds) while the stateful
@@ -186,6 +189,21 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
           output_map {{ key: "OUTPUT0" value: "OUT" }} output_map {{ key: "COUNT" value: "CNT" }} }} ] }}
         {CACHED}
         """)
+    _model(repo, "stream_nc", f"""{python}max_batch_size: 0
+        model_transaction_policy {{ decoupled: true }}
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        """, STREAM)
+    for name, step, declared in (("ens_dec", "stream_nc", ""), ("ens_declared", "plain", "decoupled: true")):
+        _model(repo, name, f"""platform: "ensemble"
+            max_batch_size: {0 if step == "stream_nc" else 8}
+            model_transaction_policy {{ {declared} }}
+            input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+            output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+            ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+              input_map {{ key: "INPUT0" value: "IN" }} output_map {{ key: "OUTPUT0" value: "OUT" }} }} ] }}
+            {CACHED}
+            """)
     return repo
 
 
@@ -398,25 +416,33 @@ def test_key_failures_and_empty_outputs_as_each_server_keeps_them(repository: Pa
         assert empty == ([[1], [2]] if triton else [[1], [1]])
         assert c.metrics(lookups=9)["nv_cache_num_entries"] == (2 if triton else 5)  # Triton: x and the failure
         for protocol in ("http", "grpc"):  # a cache server refuses them as one without a cache does
-            for model in ("stream", "seq"):
+            for model in ("stream", "seq", "ens_declared", "ens_dec"):
                 assert _load_error(c, protocol, model) == _refusal(server, model, protocol)
 
 
-#: Triton's reason (in its log) and Ferry's answer for loading a model that cannot use the cache
+#: Triton's reason for refusing a model that cannot use the cache while it polls the repository (in its log; Ferry's
+#: answer adds it after Triton's words)
 REFUSALS = {
-    "stream": "Response Cache does not currently support model 'stream' with 'decoupled' transaction policy. "
+    "stream": "Response Cache does not currently support model stream with 'decoupled' transaction policy. "
               "Please disable the response cache.",
-    "seq": "Response Cache does not currently support model 'seq' with sequence batching scheduler. "
+    "seq": "Response Cache does not currently support model seq with sequence batching scheduler. "
            "Please disable the response cache.",
+    "ens_declared": "Response Cache does not currently support model ens_declared with 'decoupled' transaction "
+                    "policy. Please disable the response cache.",
 }
+#: an ensemble a decoupled step makes decoupled: each version fails (Triton checks the derived policy per version)
+ENS_DEC = ("load failed for model 'ens_dec': version 1 is at UNAVAILABLE state: Invalid argument: Response Cache does "
+           "not currently support model ens_dec with 'decoupled' transaction policy. Please disable the response "
+           "cache.;\n")
 
 
 def _refusal(server: str, model: str, protocol: str) -> tuple[str, str]:
     """(status, message) of loading ``model`` over ``protocol``, as ``server`` answers it."""
-    if server == "triton":
-        status = "500" if protocol == "http" else "StatusCode.INTERNAL"
-        return status, f"failed to load '{model}', failed to poll from model repository"
-    return ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"), REFUSALS[model]
+    if model == "ens_dec":
+        return ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"), ENS_DEC
+    status = "500" if protocol == "http" else "StatusCode.INTERNAL"
+    words = f"failed to load '{model}', failed to poll from model repository"
+    return status, words if server == "triton" else f"{words}: {REFUSALS[model]}"
 
 
 def _load_error(c: Clients, protocol: str, model: str) -> tuple[str, str] | None:
@@ -507,11 +533,14 @@ def test_without_a_usable_server_cache(repository: Path, server: str) -> None:
         grpc_config = c.clients["grpc"].get_model_config("counting", as_json=True)["config"]
         assert grpc_config["response_cache"] == {"enable": True}
         for protocol in ("http", "grpc"):
-            for model in ("stream", "seq"):
+            for model in ("stream", "seq", "ens_declared", "ens_dec"):
                 assert _load_error(c, protocol, model) == _refusal(server, model, protocol)
         index = {entry["name"]: entry for entry in c.clients["http"].get_model_repository_index()}
         if server == "triton":  # the reason is in Triton's log only
             assert index["stream"] == {"name": "stream"} and index["seq"] == {"name": "seq"}
-        else:
-            assert index["stream"]["reason"] == REFUSALS["stream"]
+        else:  # Ferry keeps it in view, with no version (core/test_registry_load_refusals.py)
+            assert index["stream"]["reason"] == _refusal(server, "stream", "http")[1]
             assert index["seq"]["state"] == "UNAVAILABLE"
+        assert (index["ens_dec"]["version"], index["ens_dec"]["state"]) == ("1", "UNAVAILABLE")
+        assert index["ens_dec"]["reason"] == ENS_DEC.split("state: ")[1][:-2]
+        assert index["stream_nc"]["state"] == "READY"  # loaded as the step: the ensemble's own version failed

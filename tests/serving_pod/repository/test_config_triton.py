@@ -15,7 +15,9 @@ where it can be had (``support.triton``):
   batch size above max_batch_size, a tensor without ``dims``, an NHWC/NCHW input without 3 dims, an empty reshape in a
   model that does not batch, a reshape whose variable dims do not line up with ``dims``, shape tensors, non-linear IO
   and instance group profiles outside TensorRT, an output whose ``label_filename`` is missing, and a version policy
-  that leaves no version; a ``specific`` policy loads the versions that have a folder (the others are logged); a
+  that leaves no version; the tensor, instance group and label file refusals fail each version, in Triton's words
+  (``load failed for model 'm': version 1 is at UNAVAILABLE state: Invalid argument: model input 'INPUT0' must
+  specify 'dims' for m;``, HTTP 400); a ``specific`` policy loads the versions that have a folder (the others are logged); a
   python model needs no outputs.
 
 Differences kept on purpose (Ferry's clearer behaviour), not asserted here:
@@ -24,9 +26,8 @@ Differences kept on purpose (Ferry's clearer behaviour), not asserted here:
   folder) gets Triton's 500 "failed to load '<m>', failed to poll from model repository" from both; Ferry adds
   ``: <the reason>``, which Triton writes only to its log.
 * a negative instance ``count`` and two tensors of one name: Triton loads them (count -1 is served as 1, the name
-  twice); Ferry refuses them.
-* tensor checks (data type, dims, reshape) name the model, the tensor and the bad value in Ferry's words; Triton
-  reports them as a version load failure ("model input 'X' must specify 'data_type' for m").
+  twice); Ferry refuses them, as each version's failure (``Invalid argument: instance group m_0 of model m specifies
+  count -1: it must be >= 1``, ``model input 'X' is specified more than once for m``).
 * the entries of a map (``parameters``, ``metric_tags``, ``priority_queue_policy``): Triton prints its hash map's
   order, which no client can rely on, so the models here keep one entry per map.
 * Triton did not answer a load within 40 s (its python stub waits) for a model whose ``default_model_filename`` is
@@ -396,21 +397,29 @@ TRITON_LOADS: dict[str, list[str] | None] = {
     "latest_none": None, "specific_missing": None,
     "specific_partly": ["1"], "no_outputs": ["1"], "no_io_batched": ["1"],
 }
-#: words Ferry's refusal uses (Triton's own, where it has them)
+#: words Ferry's refusal uses: Triton's own answer (each version's failure), or the reason Ferry adds to Triton's poll
+#: failure (POLL_REFUSED), or Triton's load error for a version policy that leaves no version
+_V1 = "version 1 is at UNAVAILABLE state: "
 REFUSALS = {
     "ordered_priorities": "only one priority level is allowed when 'preserve_ordering' is true",
-    "no_dims": "input 'INPUT0' must specify 'dims'",
-    "shape_tensor": "shape tensors are only supported for TensorRT platform",
+    "no_dims": f"{_V1}Invalid argument: model input 'INPUT0' must specify 'dims' for no_dims;",
+    "shape_tensor": f"{_V1}Invalid argument: shape tensors are only supported for TensorRT platform for shape_tensor;",
     "oldest_preferred": "sequence batching preferred batch size 16 must be in 1..max_batch_size (8)",
-    "nhwc": "NHWC/NCHW require 3 dims",
-    "empty_reshape": "cannot have empty reshape for non-batching model as scalar tensors are not supported",
-    "variable_reshape": "reshape [-1, 2] has a different element count than dims [-1]",
-    "non_linear": "Non-linear IO format is only supported for the TensorRT platform",
-    "profile": "specifies profile field which is only supported for TensorRT models",
-    "no_labels": "label_filename: failed to open text file for read",
+    "nhwc": f"{_V1}Invalid argument: model input NHWC/NCHW require 3 dims for nhwc;",
+    "empty_reshape": f"{_V1}Invalid argument: model input 'INPUT0' cannot have empty reshape for non-batching model as "
+                     "scalar tensors are not supported for empty_reshape;",
+    "variable_reshape": f"{_V1}Invalid argument: model input 'INPUT0' has different size for dims and reshape for "
+                        "variable_reshape;",
+    "non_linear": f"{_V1}Invalid argument: Non-linear IO format is only supported for the TensorRT platform for "
+                  "non_linear;",
+    "profile": f"{_V1}Invalid argument: instance group profile_0 of model profile and platform specifies profile field "
+               "which is only supported for TensorRT models;",
+    "no_labels": f"{_V1}Internal: failed to open text file for read ",
     "latest_none": "at least one version must be available under the version policy of model 'latest_none'",
     "specific_missing": "at least one version must be available under the version policy of model 'specific_missing'",
 }
+#: refused at Triton's repository poll: Triton answers its words only (the reason is in its log)
+POLL_REFUSED = ("ordered_priorities", "oldest_preferred")
 
 
 @pytest.fixture(scope="module")
@@ -465,5 +474,7 @@ def test_nvidia_triton_loads_as_the_table_says(load_repository: Path) -> None:
     from support.triton import running_triton
 
     with running_triton(load_repository, []) as (http_port, _, _):
-        ready, _ = load_outcomes(http_port)
+        ready, errors = load_outcomes(http_port)
     assert ready == TRITON_LOADS
+    assert {name: error for name, error in errors.items()
+            if name not in POLL_REFUSED and REFUSALS[name] not in error} == {}
