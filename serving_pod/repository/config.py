@@ -9,7 +9,6 @@ fill missing I/O through ``Backend.auto_complete`` before validation runs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -95,10 +94,6 @@ def _drop_newer_defaults(message, data: dict) -> None:
                 _drop_newer_defaults(item, printed)
         else:
             _drop_newer_defaults(value, data[field.name])
-
-
-def config_to_json(config: mc.ModelConfig) -> str:
-    return json.dumps(config_to_dict(config))
 
 
 _INT64_TYPES = frozenset({
