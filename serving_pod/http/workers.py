@@ -262,9 +262,9 @@ class Bridge:
         if self._tracing is not None:
             self._tracing.close()
             self._tracing = None
-        for name in ("bridge.sock", TRACING_FILE):
+        for path in (self.path, os.path.join(self.directory, TRACING_FILE)):
             try:
-                os.unlink(os.path.join(self.directory, name))
+                os.unlink(path)
             except OSError:
                 pass
         try:
