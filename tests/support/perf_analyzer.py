@@ -170,9 +170,14 @@ def system_has_library(soname: str) -> bool:
 
 
 def _libb64_dirs(tools: Path) -> list[Path]:
-    """System libb64 if present; as root apt-get install it; otherwise unpack the .deb into .tools."""
+    """System libb64 if present, else a copy already unpacked into .tools (machines with no network get
+    theirs that way); as root apt-get install it; otherwise download and unpack the .deb into .tools."""
     if system_has_library(LIBB64_SONAME):
         return []
+    local = tools / "libb64"
+    unpacked = sorted(local.glob(f"**/{LIBB64_SONAME}"))
+    if unpacked:
+        return [unpacked[0].parent]
     apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if os.geteuid() == 0 and shutil.which("apt-get"):
         install = ["apt-get", "install", "-y", "--no-install-recommends", "libb64-0d"]
@@ -183,16 +188,13 @@ def _libb64_dirs(tools: Path) -> list[Path]:
             run_step(install, what="apt-get install libb64-0d", env=apt_env)
         if system_has_library(LIBB64_SONAME):
             return []
-    local = tools / "libb64"
+    local.mkdir(parents=True, exist_ok=True)
+    run_step(["apt-get", "download", "libb64-0d"], what="apt-get download libb64-0d", cwd=local)
+    debs = sorted(local.glob("libb64-0d_*.deb"))
+    if not debs:
+        raise InstallError("apt-get download libb64-0d produced no .deb")
+    run_step(["dpkg-deb", "-x", str(debs[-1]), str(local / "root")], what="dpkg-deb -x libb64-0d")
     found = sorted(local.glob(f"**/{LIBB64_SONAME}"))
-    if not found:
-        local.mkdir(parents=True, exist_ok=True)
-        run_step(["apt-get", "download", "libb64-0d"], what="apt-get download libb64-0d", cwd=local)
-        debs = sorted(local.glob("libb64-0d_*.deb"))
-        if not debs:
-            raise InstallError("apt-get download libb64-0d produced no .deb")
-        run_step(["dpkg-deb", "-x", str(debs[-1]), str(local / "root")], what="dpkg-deb -x libb64-0d")
-        found = sorted(local.glob(f"**/{LIBB64_SONAME}"))
     if not found:
         raise InstallError(f"{LIBB64_SONAME} not found after unpacking libb64-0d")
     return [found[0].parent]
