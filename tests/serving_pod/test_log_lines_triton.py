@@ -42,6 +42,7 @@ Kept different on purpose:
 from __future__ import annotations
 
 import compileall
+import contextlib
 import json
 import os
 import py_compile
@@ -61,7 +62,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from support.python_models import ADD_SUB_CONFIG, ADD_SUB_ENSEMBLE, ADD_SUB_MODEL
-from support.server import free_ports, write_model
+from support.server import free_ports, kill_process_group, write_model
 from support.triton import triton_or_skip, triton_repositories
 
 from serving_pod import server as ferry_server
@@ -181,7 +182,8 @@ class Server:
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - the server writes it until stop() closes it
         self._offset = 0
-        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        start_new_session=True)  # stop() ends Triton's python stubs too
 
     def read(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -215,11 +217,9 @@ class Server:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        kill_process_group(self.process)  # the process group: whatever the server left behind
         self._log.close()
 
 

@@ -829,7 +829,7 @@ def test_loading_a_loaded_model_updates_it_in_place_as_nvidia_tritons(threaded_s
 def test_nvidia_triton_updates_a_loaded_model_as_recorded(tmp_path):
     import subprocess
 
-    from support.server import free_ports, wait_ready
+    from support.server import free_ports, kill_process_group, wait_ready
     from support.triton import triton_args, triton_or_skip, triton_repositories
 
     located = triton_or_skip()
@@ -837,13 +837,12 @@ def test_nvidia_triton_updates_a_loaded_model_as_recorded(tmp_path):
     http, grpc_port, metrics = free_ports(3)
     args = triton_args([repository], ["probe"], http_port=http, grpc_port=grpc_port, metrics_port=metrics)
     proc = subprocess.Popen(located.command(*args, "--exit-timeout-secs=2"), env=located.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(http, proc, timeout=60)
         got = _reload_answers(http, repository, warm_up=True)
     finally:
-        proc.kill()
-        proc.wait()
+        kill_process_group(proc)
     got.pop("first")
     assert got == _RELOAD_EXPECTED
 

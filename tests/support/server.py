@@ -7,8 +7,11 @@ and ``test_model_config`` build small repositories under ``tmp_path``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -245,6 +248,15 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> N
             pass
         time.sleep(0.1)
     raise AssertionError("server did not become ready")
+
+
+def kill_process_group(process: subprocess.Popen) -> None:
+    """Kill ``process`` (started with ``start_new_session=True``) and everything in its process group: NVIDIA
+    Triton's python backend stubs outlive a killed tritonserver, a Ferry server's HTTP workers their server."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.kill()
+    process.wait()
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -179,16 +179,16 @@ def triton_args(model_repositories: Sequence[Path | str], load_models: Sequence[
 def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -> Iterator[tuple[int, int, int]]:
     """For tests: Triton serving ``models`` of ``repository`` with ``flags``, ready; yields its (http, grpc,
     metrics) ports and kills it after. Skips (``triton_or_skip``) where Triton cannot be had."""
-    from .server import free_ports, wait_ready
+    from .server import free_ports, kill_process_group, wait_ready
 
     triton = triton_or_skip()
     http, grpc, metrics = free_ports(3)
     args = triton_args(triton_repositories([repository]), models, http_port=http, grpc_port=grpc, metrics_port=metrics)
     proc = subprocess.Popen(triton.command(*args, "--exit-timeout-secs=2", *flags), env=triton.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(http, proc, timeout=60)
         yield http, grpc, metrics
     finally:
-        proc.kill()
-        proc.wait()
+        kill_process_group(proc)
+

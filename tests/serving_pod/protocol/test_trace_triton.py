@@ -36,6 +36,7 @@ from support.python_models import ADD_SUB_CONFIG, ADD_SUB_ENSEMBLE, ADD_SUB_MODE
 from support.server import (
     ServerThread,
     free_ports,
+    kill_process_group,
     make_options,
     wait_ready,
     write_model,
@@ -91,17 +92,15 @@ def triton(repository: Path, *flags: str) -> Iterator[tuple[int, int]]:
     args = triton_args(triton_repositories([repository]), MODELS, http_port=http, grpc_port=grpc,
                        metrics_port=metrics)
     proc = subprocess.Popen(located.command(*args, *flags, "--exit-timeout-secs=20"), env=located.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(http, proc, timeout=90)
         yield http, grpc
     finally:
         proc.send_signal(signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        kill_process_group(proc)  # and any python backend stub left behind
 
 
 @contextlib.contextmanager
