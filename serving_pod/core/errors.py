@@ -23,6 +23,9 @@ class ServerError(Exception):
     #: a model answered its request with this error (a python model's ``InferenceResponse(error=...)``): the
     #: execution succeeded, and Triton counts the request a success in its statistics
     sent_as_response: bool = False
+    #: the model answered its request with this error after its ``execute`` returned (a python model's response
+    #: sender): Triton's python backend counted the request a success when ``execute`` returned, whatever came later
+    answered_later: bool = False
     #: the model's execution failed with this error (its backend raised it or returned it for the request), as
     #: opposed to a refusal before the model ran; tritonserver's HTTP front end types these answers text/plain
     in_execution: bool = False

@@ -33,8 +33,10 @@ executions start the ordinary way.
 
 Answers given later: a python model may answer a request after its execution, through the request's response
 sender (Triton frees the instance meanwhile). A caller that passes ``answers_later`` to ``execute`` gets an asyncio
-future of such an answer in its results and releases the instance as usual; the execution is charged once every
-answer is in. Other callers get the answer itself, the execution lasting until it is in.
+future of such an answer in its results and releases the instance as usual. Other callers get the answer itself, the
+execution lasting until it is in. Either way the request counts a success, as Triton 2.51's python backend reports it
+when ``execute`` returns (``PbMetricReporter``), whatever comes of it later: a client that left or cancelled meanwhile,
+an error, an unload before the answer. A caller that gets the future is charged the execution as it ends.
 
 Instance-group updates: a version whose instance groups change is served by a new pool that keeps some of the
 previous pool's instances (``adopted``, with their worker threads). Those are ``held``, never idle, until the
@@ -51,7 +53,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 from serving_pod.backends.base import ModelInstance
-from serving_pod.core.errors import CancelledError, InternalError, ServerError, execution_error
+from serving_pod.core.errors import InternalError, ServerError, execution_error
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse
 
@@ -276,7 +278,7 @@ class InstancePool:
             results = [InternalError(f"{type(exc).__name__}: {exc}")] * len(requests)
         end_ns = time.monotonic_ns()
         if not answers_later and _owed(results):
-            results = [await asyncio.wrap_future(r) if type(r) is Future else r for r in results]
+            results = [_later(await asyncio.wrap_future(r)) if type(r) is Future else r for r in results]
         return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
     async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int]], mode: _Mode,
@@ -294,25 +296,15 @@ class InstancePool:
 
     def _charged(self, requests: list[InferRequest], results: list[Result], dispatch_ns: int, start_ns: int,
                  end_ns: int) -> list[Result]:
-        """Charge the execution now or, where the instance answers some requests later (``execute``'s
-        ``answers_later``), once they are answered; those results become asyncio futures of their answers."""
+        """Charge the execution now; a request the instance answers later (``execute``'s ``answers_later``) counts a
+        success (module docstring) and its result becomes an asyncio future of its answer."""
         if not _owed(results):
             self.charge(requests, results, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
             return results
+        counted = [None if type(r) is Future else r for r in results]
+        self.charge(requests, counted, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
         loop = asyncio.get_running_loop()
-        results = [asyncio.wrap_future(r, loop=loop) if type(r) is Future else r for r in results]
-        owed = [r for r in results if isinstance(r, asyncio.Future)]
-        left = [len(owed)]
-
-        def answered(_: asyncio.Future) -> None:
-            left[0] -= 1
-            if not left[0]:
-                final = [_answer(r) if isinstance(r, asyncio.Future) else r for r in results]
-                self.charge(requests, final, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
-
-        for future in owed:
-            future.add_done_callback(answered)
-        return results
+        return [asyncio.wrap_future(r, loop=loop) if type(r) is Future else r for r in results]
 
     def charge(
         self,
@@ -329,8 +321,8 @@ class InstancePool:
         requests: Triton counts the padding in ``batch_stats`` only).
 
         A failed request adds to ``fail`` and not to ``inference_count``, as in Triton; an error the model sent as
-        its response (``ServerError.sent_as_response``: a python model's ``InferenceResponse(error=...)``) is a
-        success there.
+        its response (``ServerError.sent_as_response``: a python model's ``InferenceResponse(error=...)``), or gave
+        after its execution (``ServerError.answered_later``), is a success there.
         """
         stats = self.stats
         input_ns, infer_ns, output_ns = start_ns - dispatch_ns, end_ns - start_ns, done_ns - end_ns
@@ -342,7 +334,7 @@ class InstancePool:
                 request.trace.computed(dispatch_ns, start_ns, end_ns, done_ns)
             size = self.batch_size_of(request)
             batch_size += size
-            if isinstance(result, ServerError) and not result.sent_as_response:
+            if isinstance(result, ServerError) and not (result.sent_as_response or result.answered_later):
                 stats.record_failure(done_ns - request.arrival_ns, "BACKEND")
             else:
                 succeeded += size
@@ -395,7 +387,7 @@ def _run(
     except Exception as exc:  # a backend bug must fail these requests, not the server
         results = [execution_error(f"{type(exc).__name__}: {exc}")] * len(requests)
     if not answers_later and _owed(results):  # a caller that cannot take them: the execution ends with the answers
-        results = [r.result() if type(r) is Future else r for r in results]
+        results = [_later(r.result()) if type(r) is Future else r for r in results]
     return results, start_ns, time.monotonic_ns()
 
 
@@ -426,11 +418,12 @@ def forward_answer(answer: asyncio.Future, to: asyncio.Future) -> None:
     to.add_done_callback(back)
 
 
-def _answer(future: asyncio.Future) -> Result:
-    """An answer given later, as the statistics count it: a caller that went away cancelled it."""
-    if future.cancelled():
-        return CancelledError("the request was cancelled before the model answered it")
-    return future.result()
+def _later(answer: Result) -> Result:
+    """An answer the instance gave after its execution, to a caller that waited for it: an error counts a success
+    (``ServerError.answered_later``, module docstring)."""
+    if isinstance(answer, ServerError):
+        answer.answered_later = True
+    return answer
 
 
 async def _failed(exc: Exception, count: int) -> list[Result]:

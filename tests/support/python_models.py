@@ -85,6 +85,19 @@ class TritonPythonModel:
 '''
 
 
+def in_out_config(name: str, max_batch_size: int, extra: str = "") -> str:
+    """The config of a python model ``name`` with one INT32 ``IN`` and ``OUT`` of dims [1] and one CPU instance, and
+    ``extra`` (scheduling, parameters) after them."""
+    return f'''name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
+'''
+
+
 def install_python_model(
     repository: Path,
     source: str,

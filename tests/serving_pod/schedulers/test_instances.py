@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 import threading
+from concurrent.futures import Future
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -127,6 +128,57 @@ async def test_a_closed_pool_fails_requests_instead_of_raising() -> None:
     await asyncio.to_thread(pool.close)  # its worker thread is gone
     results = await pool.execute(0, [_request(1)])
     assert isinstance(results[0], InternalError) and "cannot schedule new futures" in results[0].message
+
+
+class Later(Threaded):
+    """Answers every request later, through a ``concurrent.futures.Future`` the test sets (a python model's sender)."""
+
+    def __init__(self) -> None:
+        self.owed: list[Future] = []
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        self.owed = [Future() for _ in requests]
+        return list(self.owed)
+
+
+def _counted(stats: ModelStats) -> tuple[int, int, int, dict[str, int]]:
+    return stats.success.count, stats.fail.count, stats.inference_count, {k: v for k, v in stats.failures.items() if v}
+
+
+async def test_a_request_answered_later_counts_a_success_when_its_execution_ends() -> None:
+    """As Triton 2.51's python backend (``PbMetricReporter``): counted at the end of ``execute``, before the answer;
+    a caller that went away (its future cancelled) or an error answer changes nothing."""
+    instance = Later()
+    pool = _pool(instance)
+    try:
+        gone, errs = await pool.execute(0, [_request(1), _request(2)], answers_later=True)
+        assert _counted(pool.stats) == (2, 0, 2, {}) and pool.stats.execution_count == 1
+        gone.cancel()  # the client left (Ferry counted a BACKEND failure for it)
+        instance.owed[1].set_result(InternalError("the model's answer failed"))
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert isinstance(await errs, InternalError)
+        await asyncio.sleep(0)
+        assert _counted(pool.stats) == (2, 0, 2, {})
+    finally:
+        await asyncio.to_thread(pool.close)
+
+
+async def test_a_caller_that_waits_for_a_later_answer_gets_its_error_counted_a_success() -> None:
+    """Without ``answers_later`` the execution lasts until the answer is in; an error given later is the caller's
+    answer (as the client's) but counts a success, as Triton counted it when ``execute`` returned."""
+    instance = Later()
+    pool = _pool(instance)
+    try:
+        running = asyncio.ensure_future(pool.execute(0, [_request(1)]))
+        while not instance.owed:
+            await asyncio.sleep(0.001)
+        instance.owed[0].set_result(InternalError("unloaded before it answered"))
+        (result,) = await running
+        assert isinstance(result, InternalError) and result.message == "unloaded before it answered"
+        assert _counted(pool.stats) == (1, 0, 1, {})
+    finally:
+        await asyncio.to_thread(pool.close)
 
 
 @contextlib.asynccontextmanager
