@@ -34,6 +34,12 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
   queued behind it fail CANCELLED (each counted so; Triton's error has no words, Ferry's says why), its slot
   frees, and a later request of its id needs START. Triton's default and dynamic schedulers still run such a
   request and count a success; Ferry's drop it as this one does (``default.py``).
+- An unload (``drain``) refuses new requests but runs every request already queued, those of sequences still
+  waiting for a slot too, each counted a success as Triton 2.51 counts them: Triton's unload answers at once, the
+  version UNLOADING until a backlogged sequence got the slot of one that idled out
+  (``max_sequence_idle_microseconds``: no request can reach a slotted sequence once the unload began) and ran.
+  Ferry's unload waits for the drain, so it hands the slot of a slotted sequence with nothing queued to the backlog
+  at once instead of after its idle time.
 - Control inputs START / END / READY / CORRID and implicit-state inputs are added to each request;
   the state outputs of a response are kept for the sequence's next request and removed from the
   response the client sees.
@@ -176,16 +182,23 @@ class SequenceScheduler:
         return await future
 
     async def drain(self) -> None:
-        """Stop accepting, finish what slotted sequences have queued, fail what waits in the backlog."""
+        """Stop accepting and run what is queued, the sequences waiting for a slot (the backlog) included, as Triton
+        2.51 does at an unload (module docstring); then stop the lanes and the reaper."""
         self._closing = True
-        while self._busy or any(s is not None and s.queue for lane in self._lanes for s in lane.slots):
+        while True:
+            for lane in self._lanes:  # no request can reach a slotted sequence now: its slot goes to the backlog
+                for sequence in lane.slots:
+                    if self._backlog and sequence is not None and not sequence.queue and not sequence.busy:
+                        self._release(sequence)
+            if not (self._busy or self._backlog or self._queued()):
+                break
             await asyncio.sleep(0.005)
-        for sequence in self._backlog:
-            self._fail_queue(sequence, UnavailableError(f"model '{self.spec.model_name}' is unloading"))
-        self._backlog.clear()
         for task in [lane.task for lane in self._lanes] + [self._reaper]:
             if task is not None:
                 task.cancel()
+
+    def _queued(self) -> bool:
+        return any(sequence is not None and sequence.queue for lane in self._lanes for sequence in lane.slots)
 
     # --- slots -------------------------------------------------------------------------------
     def _ensure_started(self) -> None:

@@ -108,16 +108,21 @@ async def test_direct_requests_of_one_sequence_run_in_order_one_per_batch() -> N
     await scheduler.drain()
 
 
-async def test_drain_fails_backlogged_sequences() -> None:
+async def test_drain_runs_backlogged_sequences() -> None:
+    """As Triton 2.51 at an unload: a sequence waiting for a slot runs (each request a success), refused nothing; the
+    slot holder, which no request can reach any more, gives its slot up without waiting out its idle time."""
     clock = Clock()
     scheduler, _ = _scheduler(_config("", max_batch=0), clock)
     await scheduler.submit(_request(1, 1, start=True))  # holds the only slot
-    waiting = asyncio.create_task(scheduler.submit(_request(1, 2, start=True)))
+    waiting = [asyncio.create_task(scheduler.submit(_request(value, 2, start=value == 5))) for value in (5, 6)]
     await asyncio.sleep(0.05)
-    assert not waiting.done() and scheduler.pending() == 1
+    assert not any(task.done() for task in waiting) and scheduler.pending() == 2
     await scheduler.drain()
-    with pytest.raises(Exception, match="unloading"):
-        await waiting
+    assert [(await task).outputs[0].data.tolist() for task in waiting] == [[[5]], [[6]]]
+    stats = scheduler.pool.stats
+    assert (stats.success.count, stats.fail.count, scheduler.pending()) == (3, 0, 0)
+    with pytest.raises(Exception, match="unloading"):  # refused once the drain began
+        await scheduler.submit(_request(7, 2))
 
 
 async def test_a_failed_batch_still_frees_the_slot_of_an_ended_sequence() -> None:
