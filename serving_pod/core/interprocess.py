@@ -6,9 +6,10 @@ Pickling the ``InferRequest`` / ``InferResponse`` dataclasses with their numpy a
 more than these plain tuples with raw tensor bytes (about 23 against 5 µs for a round trip of a small
 request here), and a request's round trip is paid on every inference.
 
-A request's ``responder`` and ``cancelled`` objects do not cross: the tuple says whether the request had
-them, and ``request_from_wire`` puts ``True`` in their place for the far side to replace with its own
-(or ``None`` where there was none).
+A tensor's ``defect`` (data that did not fit, found as a protocol worker decoded it) crosses with it, for the
+engine's validation to refuse on the far side. A request's ``responder`` and ``cancelled`` objects do not cross:
+the tuple says whether the request had them, and ``request_from_wire`` puts ``True`` in their place for the far
+side to replace with its own (or ``None`` where there was none).
 """
 
 from __future__ import annotations
@@ -25,20 +26,21 @@ def tensors_to_wire(tensors: list[Tensor]) -> list[tuple]:
     for tensor in tensors:
         data = tensor.data
         if data.dtype.hasobject:  # BYTES: the object array itself
-            out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters))
+            out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters, tensor.defect))
         else:
             # a bytearray (one copy, as ``tobytes``) so the far side's array is writable, as Triton's are
             raw = bytearray(np.ascontiguousarray(data))
-            out.append((tensor.name, tensor.datatype, raw, data.dtype.str, data.shape, tensor.parameters))
+            out.append((tensor.name, tensor.datatype, raw, data.dtype.str, data.shape, tensor.parameters,
+                        tensor.defect))
     return out
 
 
 def tensors_from_wire(items: list[tuple]) -> list[Tensor]:
     tensors: list[Tensor] = []
-    for name, datatype, data, dtype, shape, parameters in items:
+    for name, datatype, data, dtype, shape, parameters, defect in items:
         if dtype is not None:
             data = np.frombuffer(data, dtype).reshape(shape)
-        tensors.append(Tensor(name, datatype, data, parameters))
+        tensors.append(Tensor(name, datatype, data, parameters, defect))
     return tensors
 
 

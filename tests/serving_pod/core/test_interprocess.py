@@ -6,6 +6,7 @@ import pickle
 
 import numpy as np
 
+from serving_pod.core.datatypes import DataDefect
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.interprocess import (
     request_from_wire, request_to_wire, results_from_wire, results_to_wire,
@@ -47,6 +48,18 @@ def test_a_request_without_outputs_responder_or_cancel_flag_gets_none() -> None:
     assert back.outputs is None and back.responder is None and back.cancelled is None
     assert back.custom_reserved is None
     assert back.inputs[0].data.shape == (0,) and back.inputs[0].data.dtype == np.int64
+
+
+def test_a_tensor_keeps_its_defect() -> None:
+    """Data that did not fit, found by an ``--http-workers`` worker as it decoded the body, reaches the server
+    process's validation (it crossed as a clean placeholder: the model ran on it, or failed on it)."""
+    short = DataDefect("byte_size", 16, 12)
+    long_string = DataDefect("string_data", 10, 3)
+    request = InferRequest("m", "", [Tensor("A", "INT32", np.zeros((1, 4), np.int32), defect=short),
+                                     Tensor("B", "BYTES", np.array([b""], np.object_), defect=long_string),
+                                     Tensor("C", "FP32", np.zeros((2,), np.float32))])
+    back = request_from_wire(_crossed(request_to_wire(request)))
+    assert [tensor.defect for tensor in back.inputs] == [short, long_string, None]
 
 
 def test_results_keep_responses_errors_and_nones_in_order() -> None:
