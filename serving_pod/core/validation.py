@@ -207,5 +207,7 @@ def _check(model: Model, request: InferRequest, inputs: list[Tensor]) -> None:
             if not defect.late:
                 raise InvalidArgumentError(prefix(request) + defect.message(tensor.name, name))
             late = late or (tensor.name, defect)
-    if late is not None:
-        raise InvalidArgumentError(late[1].message(late[0], name))
+    if late is not None:  # Triton's backend finds it as the model executes: answered as the model's error
+        error = InvalidArgumentError(late[1].message(late[0], name))
+        error.in_execution = True
+        raise error

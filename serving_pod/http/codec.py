@@ -186,10 +186,7 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
     dtype = datatypes.WIRE_TO_NUMPY.get(datatype)
     if dtype is None:
         raise InvalidArgumentError(f"invalid datatype for input {name}")  # Triton's words
-    if datatype in ("FP16", "BF16"):
-        raise InvalidArgumentError(
-            f"input '{name}': datatype {datatype} is not supported in JSON; use binary tensor data"
-        )
+    refuse_half_precision(datatype, name)
     values = item["data"]
     if datatype == "BYTES":
         # Triton's front end writes the strings as they come; its core counts them (``core.validation``)
@@ -203,6 +200,13 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
         values = flat
     data = json_array(values, datatype, dtype, shape_t, name)
     return Tensor(name, datatype, data, params), offset
+
+
+def refuse_half_precision(datatype: str, name: str) -> None:
+    """FP16 and BF16 have no JSON form in Triton: an input of either sent as JSON is refused in its words."""
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgumentError(f"receiving {datatype} data via JSON is not supported. Please use the binary "
+                                   f"data format for input {name}")
 
 
 def json_flat(values: Any) -> list:

@@ -34,7 +34,7 @@ import orjson
 from serving_pod.core import datatypes, validation
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
-from serving_pod.http.codec import json_array, json_data, json_flat
+from serving_pod.http.codec import json_array, json_data, json_flat, refuse_half_precision
 from serving_pod.http.responses import error_body
 
 PARAMETERS = "parameters"
@@ -137,9 +137,7 @@ def _map(request: InferRequest, key: str, value: Any, inputs: dict[str, Any], li
     if any(tensor.name == key for tensor in request.inputs):  # named twice: at the top and in "parameters"
         raise InvalidArgumentError(f"{validation.prefix(request)}input '{key}' already exists in request")
     datatype = spec["datatype"]
-    if datatype in ("FP16", "BF16"):  # Triton's words
-        raise InvalidArgumentError(f"receiving {datatype} data via JSON is not supported. Please use the binary "
-                                   f"data format for input {key}")
+    refuse_half_precision(datatype, key)
     count = len(value) if isinstance(value, list) else 1  # the shape's element count, as Triton counts
     # the elements: nested arrays flattened, as Triton's reader walks them; they must number ``count``
     if not isinstance(value, list):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
+import struct
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,6 +25,7 @@ import httpx
 import numpy as np
 import pytest
 from support.python_models import ADD_SUB_CONFIG, ADD_SUB_MODEL, COUNT_CONFIG, COUNT_MODEL
+from support.python_models import DATA as PYTHON_MODELS
 from support.server import ServerThread, make_options, write_model
 
 FAILS_CONFIG = ADD_SUB_CONFIG.replace('"add_sub"', '"fails"')
@@ -47,7 +50,7 @@ class TritonPythonModel:
         return out
 '''
 
-MODELS = ("add_sub", "counter", "fails")
+MODELS = ("add_sub", "counter", "fails", "py_bytes")
 
 
 def _json(document: Any) -> bytes:
@@ -67,10 +70,23 @@ def _failing(kind: int) -> bytes:
 
 def _binary(tail: int = 0) -> tuple[bytes, dict[str, str]]:
     """A binary add_sub request; ``tail`` bytes more (> 0) or fewer (< 0) than its inputs declare."""
+    body, headers = _binary_sized(16)
+    return (body + b"\0" * tail if tail >= 0 else body[:tail]), headers
+
+
+def _binary_sized(first: int) -> tuple[bytes, dict[str, str]]:
+    """A binary add_sub request whose INPUT0 declares and carries ``first`` bytes (16 fit its shape)."""
     header = _json({"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 4],
-                                "parameters": {"binary_data_size": 16}} for name in ("INPUT0", "INPUT1")]})
+                                "parameters": {"binary_data_size": size}}
+                               for name, size in (("INPUT0", first), ("INPUT1", 16))]})
     data = np.arange(8, dtype=np.int32).tobytes()
-    data = data + b"\0" * tail if tail >= 0 else data[:tail]
+    return header + data[:first] + data[16:], {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _binary_strings(name: str, shape: list[int], data: bytes) -> tuple[bytes, dict[str, str]]:
+    """A binary request of one BYTES input with ``data`` as its (length-prefixed) elements."""
+    header = _json({"inputs": [{"name": name, "datatype": "BYTES", "shape": shape,
+                                "parameters": {"binary_data_size": len(data)}}]})
     return header + data, {"Inference-Header-Content-Length": str(len(header))}
 
 
@@ -178,6 +194,30 @@ CASES: dict[str, tuple[Case, Answer]] = {
         {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]})), _typed(
         400, "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'FP32', but model 'add_sub' expects "
              "'INT32'")),
+    # FP16 and BF16 have no JSON form: refused by the front end before the model's datatype is compared
+    "infer FP16 input as JSON": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
+        {"name": "INPUT0", "datatype": "FP16", "shape": [1, 4], "data": [1.5, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]})), _typed(
+        400, "receiving FP16 data via JSON is not supported. Please use the binary data format for input INPUT0")),
+    "infer BF16 input as JSON": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
+        {"name": "INPUT0", "datatype": "BF16", "shape": [1, 4], "data": [1.5, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]})), _typed(
+        400, "receiving BF16 data via JSON is not supported. Please use the binary data format for input INPUT0")),
+    # data that does not fit the shape: the core's words, after the model's other checks (``--http-workers``
+    # ran the model on a placeholder instead: the worker's finding did not reach the server process)
+    "infer binary data short of the shape": (Case("POST", "/v2/models/add_sub/infer", *_binary_sized(12)), _typed(
+        400, "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected "
+             "16, got 12")),
+    "infer too few strings": (Case("POST", "/v2/models/py_bytes/infer", _json({"inputs": [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [3], "data": ["a", "b"]}]})), _typed(
+        400, "[request id: <id_unknown>] expected 3 string elements for inference input 'TEXT' for model 'py_bytes', "
+             "got 2")),
+    # a BYTES element longer than the bytes left: Triton's python backend finds it as the model executes, so the
+    # answer is typed as the model's errors are (the core's string count and length checks are application/json)
+    "infer BYTES element longer than its data": (Case("POST", "/v2/models/py_bytes/infer", *_binary_strings(
+        "TEXT", [1], struct.pack("<I", 10) + b"abc")), _text(
+        400, "incomplete string data for inference input 'TEXT', expecting string of length 10 but only 3 bytes "
+             "available")),
     # errors of the model's execution: text/plain, as the model worded them
     "infer, the model answers an error": (Case("POST", "/v2/models/fails/infer", _failing(1)),
                                           _text(500, "bad thing")),
@@ -300,6 +340,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(path, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
     write_model(path, "counter", COUNT_CONFIG, {"1/model.py": COUNT_MODEL})
     write_model(path, "fails", FAILS_CONFIG, {"1/model.py": FAILS_MODEL})
+    shutil.copytree(PYTHON_MODELS / "py_bytes", path / "py_bytes", ignore=shutil.ignore_patterns("__pycache__"))
     return path
 
 
