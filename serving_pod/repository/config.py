@@ -9,6 +9,7 @@ fill missing I/O through ``Backend.auto_complete`` before validation runs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -47,13 +48,24 @@ def parse_config_text(text: str, model_name: str) -> mc.ModelConfig:
 
 
 def parse_config_json(text: str, model_name: str) -> mc.ModelConfig:
-    """Parse a JSON config (repository load ``"config"`` override) into a ModelConfig."""
+    """Parse a JSON config (repository load ``"config"`` override) into a ModelConfig; a JSON value other than an
+    object is refused in Triton's words (protobuf reads ``[]`` as an empty message, which Triton refuses)."""
     config = mc.ModelConfig()
     try:
+        if not isinstance(_json_value(text), dict):
+            raise json_format.ParseError("Root element must be a message.")
         json_format.Parse(text, config)
     except (json_format.ParseError, ValueError) as exc:
         raise PollRefused(f"failed to parse config override of model '{model_name}': {exc}") from None
     return config
+
+
+def _json_value(text: str) -> object:
+    """``text`` read as JSON, or an empty object where it is not JSON (``json_format.Parse`` words that error)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}
 
 
 #: fields of tritonclient's model_config.proto that Triton 2.51's lacks (message -> field names), for the ones

@@ -100,6 +100,23 @@ def test_load_errors(threaded_server, repository, protocol):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("override", ["[]", "null", '"alpha"', "4"])
+def test_a_config_override_that_is_not_an_object_is_refused(threaded_server, repository, protocol, override):
+    """A ``config`` override that is JSON but not an object gets the poll failure (500 / INTERNAL), as from
+    Triton 2.51 (recorded live: its log says 'Invalid config override: : Root element must be a message.'); Ferry
+    loaded ``[]`` as an empty config. The model loaded before keeps serving."""
+    server = threaded_server([repository], model_control_mode="explicit", load_models=("alpha",))
+    client = server.client(protocol)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("alpha", config=override)
+    assert (str(info.value.status()), info.value.message()) == (
+        {"http": "500", "grpc": "StatusCode.INTERNAL"}[protocol],
+        "failed to load 'alpha', failed to poll from model repository: failed to parse config override of model "
+        "'alpha': Root element must be a message.")
+    assert _infer(server, protocol, "alpha", np.ones((1, 4), np.float32)).as_numpy("OUTPUT0").shape == (1, 4)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_repository_index_rows_as_tritons(threaded_server, repository, protocol):
     """tritonserver 2.51's rows: 'reason' only where there is one (a READY version had "reason": "" over HTTP), and
     only the name of a model never loaded."""
