@@ -19,6 +19,21 @@ from serving_pod.http.responses import json_body, json_ok, json_response
 from serving_pod.shm import CUDA, SYSTEM
 
 
+#: the trace settings tritonserver reads as JSON strings only (a number is refused, not read as one)
+_TRACE_STRINGS = ("trace_rate", "trace_count", "log_frequency")
+
+
+def _trace_changes(body: dict[str, Any]) -> dict[str, Any]:
+    """The trace settings' changes of ``body``: a number, boolean, array or object where tritonserver 2.51 takes a
+    string (or null) is refused (Triton: 500 "attempt to access JSON non-string as string"; Ferry read ``true`` and
+    ``1.5`` as 1)."""
+    for key in _TRACE_STRINGS:
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"Unable to parse '{key}': expected a string, got {value!r}")
+    return body
+
+
 def _uint(body: dict[str, Any], key: str, *, required: bool, what: str) -> int:
     if key not in body:
         if required:
@@ -94,7 +109,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/trace/setting")
     @app.post("/v2/models/{model}/trace/setting")
     async def trace_post(request: Request, model: str = "") -> Response:
-        return json_response(engine.trace_settings(model, await json_body(request)))
+        return json_response(engine.trace_settings(model, _trace_changes(await json_body(request))))
 
     @app.get("/v2/logging")
     async def logging_get() -> Response:

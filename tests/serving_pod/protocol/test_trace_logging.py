@@ -308,6 +308,20 @@ def test_http_log_format_not_a_string_refused(server):
     assert response.json()["error"] == "expect string for 'log_format'"
 
 
+@pytest.mark.parametrize("path", ["/v2/trace/setting", "/v2/models/idt/trace/setting"])
+@pytest.mark.parametrize(("key", "value"), [("trace_rate", 5), ("trace_rate", True), ("trace_rate", 1.5),
+                                            ("trace_count", 3), ("log_frequency", ["2"])])
+def test_http_trace_setting_not_a_string_refused(server, path, key, value):
+    """A number (or boolean, array) where tritonserver takes a string is refused and nothing changes. Triton 2.51
+    answers 500 "attempt to access JSON non-string as string" (recorded live, global and model routes); Ferry's
+    400 says which setting. Ferry took them, reading ``true`` and ``1.5`` as a rate of 1."""
+    before = httpx.get(f"http://{server.http_url}{path}", timeout=30).json()
+    response = httpx.post(f"http://{server.http_url}{path}", json={key: value}, timeout=30)
+    assert (response.status_code, response.headers["content-type"], response.json()) == (
+        400, "application/json", {"error": f"Unable to parse '{key}': expected a string, got {value!r}"})
+    assert httpx.get(f"http://{server.http_url}{path}", timeout=30).json() == before
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_cleared_global_trace_setting_returns_to_its_startup_value(server, protocol):
     """A null (HTTP) or empty (gRPC) global setting resets it, as tritonserver does; it was ignored."""
