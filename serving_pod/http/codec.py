@@ -23,7 +23,7 @@ from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
-from serving_pod.http.responses import before_parsing
+from serving_pod.http.responses import before_parsing, parse_json
 
 
 def decode_base64(text: str, what: str) -> bytes:
@@ -56,10 +56,7 @@ def decode_infer_request(
     else:
         header_bytes = body
         binary = memoryview(b"")
-    try:
-        header = orjson.loads(header_bytes)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    header = parse_json(header_bytes)
     if not isinstance(header, dict):
         raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
     raw_inputs = header.get("inputs")

@@ -24,6 +24,7 @@ from serving_pod.http.compression import size_error
 JSON = b"application/json"
 #: libevhtp's default content type, which tritonserver's answers carry where its handler set none (module docstring)
 TEXT = b"text/plain"
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (``parse_json``)
 #: the prefixes of the engine's model lookup errors (``core.errors``): tritonserver finds these before it parses an
 #: inference body (``CheckTransactionPolicy``), so it answers them as ``TEXT``
 _LOOKUP_ERRORS = ("Request for unknown model: ", "failed to get model version from specified version string")
@@ -103,14 +104,26 @@ def text_response(status: int, body: bytes = b"", headers: dict[str, str] | None
     return Response(body, status_code=status, headers={**(headers or {}), "content-type": "text/plain"})
 
 
+def parse_json(raw: bytes | memoryview) -> Any:
+    """A request body's JSON document, read as tritonserver reads it: one UTF-8 byte order mark before it is
+    skipped (rapidjson's reader does; orjson refuses it). InvalidArgumentError in Triton's words if it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        error = exc
+    if bytes(raw[:3]) == _BOM:
+        try:
+            return orjson.loads(raw[3:])
+        except orjson.JSONDecodeError as exc:
+            error = exc
+    raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}")
+
+
 async def json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw:
         return {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise InvalidArgumentError("request body must be a JSON object")
     return data

@@ -121,6 +121,8 @@ OUTPUTS = (b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"data":[2,3,4,5]
            b'{"name":"OUTPUT1","datatype":"INT32","shape":[1,4],"data":[0,1,2,3]}')
 SUM = b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS + b"]}"
 INVALID_TYPE = "parameter '{}' has invalid type. It should be either 'int', 'bool', or 'string'."
+INDEX = b"[" + b",".join(b'{"name":"%s","version":"1","state":"READY"}' % name.encode() for name in MODELS) + b"]"
+BOM = b"\xef\xbb\xbf"
 NOT_FOUND = _text(404, "Not Found")
 NOT_ALLOWED_TEXT = _text(405, "Method Not Allowed")
 NOT_ALLOWED_JSON = _typed(405, "Method Not Allowed")
@@ -194,6 +196,16 @@ CASES: dict[str, tuple[Case, Answer]] = {
         {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]})), _typed(
         400, "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'FP32', but model 'add_sub' expects "
              "'INT32'")),
+    # one UTF-8 byte order mark before a JSON body is skipped, as rapidjson skips it (Ferry refused it)
+    "infer JSON after a byte order mark": (Case("POST", "/v2/models/add_sub/infer", BOM + _inputs()),
+                                           Answer(200, "application/json", (None, None), SUM)),
+    "infer binary header after a byte order mark": (Case("POST", "/v2/models/add_sub/infer", BOM + _binary()[0], {
+        "Inference-Header-Content-Length": str(len(BOM) + int(_binary()[1]["Inference-Header-Content-Length"]))}),
+        Answer(200, "application/json", (None, None), b'{"model_name":"add_sub","model_version":"1","outputs":['
+               b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"data":[4,6,8,10]},'
+               b'{"name":"OUTPUT1","datatype":"INT32","shape":[1,4],"data":[-4,-4,-4,-4]}]}')),
+    "repository index after a byte order mark": (Case("POST", "/v2/repository/index", BOM + _json({"ready": True})),
+                                                 Answer(200, "application/json", (None, None), INDEX)),
     # FP16 and BF16 have no JSON form: refused by the front end before the model's datatype is compared
     "infer FP16 input as JSON": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
         {"name": "INPUT0", "datatype": "FP16", "shape": [1, 4], "data": [1.5, 2, 3, 4]},
@@ -270,8 +282,7 @@ CASES: dict[str, tuple[Case, Answer]] = {
                                    Answer(200, "application/json", (None, None), b"")),
     # a repository named in the path: the index ignores it, model control refuses it
     "named repository index": (Case("POST", "/v2/repository/any/index", _json({"ready": True})), Answer(
-        200, "application/json", (None, None),
-        b"[" + b",".join(b'{"name":"%s","version":"1","state":"READY"}' % name.encode() for name in MODELS) + b"]")),
+        200, "application/json", (None, None), INDEX)),
     "named repository load": (Case("POST", "/v2/repository/any/models/add_sub/load"),
                               _typed(501, "'repository_name' specification is not supported")),
     "named repository unload": (Case("POST", "/v2/repository/any/models/add_sub/unload"),
