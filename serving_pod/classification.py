@@ -25,7 +25,8 @@ _SUPPORTED = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "
 
 
 def requested(outputs: list[RequestedOutput]) -> dict[str, int] | None:
-    """``{output: N}`` for the outputs asking for classification, or None."""
+    """``{output: N}`` for the outputs asking for classification, or None. An output listed twice keeps the first
+    count asked for (tritonserver 2.51 emplaces each into its map); every count is checked."""
     counts: dict[str, int] | None = None
     for output in outputs:
         if "classification" not in output.parameters:
@@ -37,7 +38,7 @@ def requested(outputs: list[RequestedOutput]) -> dict[str, int] | None:
             )
         if counts is None:
             counts = {}
-        counts[output.name] = value
+        counts.setdefault(output.name, value)
     return counts
 
 

@@ -7,7 +7,9 @@ zero-copy ``numpy.frombuffer`` views; every size is checked before use.
 
 Which outputs are binary follows tritonserver 2.51: a request that lists its ``outputs`` gets binary data for
 those whose own ``binary_data`` parameter is true, whatever the request's ``binary_data_output``; that one
-counts only for a request listing none (no ``outputs``, or an empty list, which asks for every output).
+counts only for a request listing none (no ``outputs``, or an empty list, which asks for every output). An output
+listed twice is decided by its first entry (binary data, classification, shared memory), as tritonserver emplaces
+each entry into its map; a later entry's classification is still checked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from serving_pod import classification
 from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -82,6 +85,8 @@ def decode_infer_request(
         raise InvalidArgumentError("request 'outputs' must be an array")
     if raw_outputs:  # an empty list asks for every output, as none listed
         outputs = []
+        names: set[str] = set()
+        repeated = []  # an output listed again: checked, but its first entry decides (module docstring)
         for out in raw_outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise InvalidArgumentError("each requested output must be an object with a 'name'")
@@ -96,7 +101,11 @@ def decode_infer_request(
                     f"output '{out['name']}': Unable to parse 'binary_data': expected true or false, "
                     f"got {out_params['binary_data']!r}"
                 )
-            outputs.append(RequestedOutput(out["name"], out_params))
+            listed = RequestedOutput(out["name"], out_params)
+            (repeated if listed.name in names else outputs).append(listed)
+            names.add(listed.name)
+        if repeated:
+            classification.requested(repeated)
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError(f"Unable to parse 'id': expected a string, got {request_id!r}")

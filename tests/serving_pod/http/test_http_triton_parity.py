@@ -120,6 +120,7 @@ def _typed(status: int, message: str) -> Answer:
 OUTPUTS = (b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"data":[2,3,4,5]},'
            b'{"name":"OUTPUT1","datatype":"INT32","shape":[1,4],"data":[0,1,2,3]}')
 SUM = b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS + b"]}"
+SUM0 = b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS.split(b"},")[0] + b"}]}"  # OUTPUT0 only
 INVALID_TYPE = "parameter '{}' has invalid type. It should be either 'int', 'bool', or 'string'."
 INDEX = b"[" + b",".join(b'{"name":"%s","version":"1","state":"READY"}' % name.encode() for name in MODELS) + b"]"
 BOM = b"\xef\xbb\xbf"
@@ -187,8 +188,7 @@ CASES: dict[str, tuple[Case, Answer]] = {
         400, "unexpected size for input 'INPUT1', expecting 4 additional bytes for model 'add_sub'")),
     "infer with zero classes": (Case("POST", "/v2/models/add_sub/infer", _inputs(
         outputs=[{"name": "OUTPUT0", "parameters": {"classification": 0}}])), Answer(
-        200, "application/json", (None, None),
-        b'{"model_name":"add_sub","model_version":"1","outputs":[' + OUTPUTS.split(b"},")[0] + b"}]}")),
+        200, "application/json", (None, None), SUM0)),
     "infer with an id": (Case("POST", "/v2/models/add_sub/infer", _inputs(id="r1")), Answer(
         200, "application/json", (None, None), b'{"id":"r1",' + SUM[1:])),
     "infer input of another datatype": (Case("POST", "/v2/models/add_sub/infer", _json({"inputs": [
@@ -260,6 +260,18 @@ CASES: dict[str, tuple[Case, Answer]] = {
         {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}],
         "outputs": [{"name": "OUTPUT0", "parameters": {"headers": {"a": "b"}, "p": [1], "q": None}},
                     {"name": "OUTPUT1"}]})), Answer(200, "application/json", (None, None), SUM)),
+    # an output listed twice: its first entry decides (Ferry took the last)
+    "output listed twice, JSON first": (Case("POST", "/v2/models/add_sub/infer", _inputs(outputs=[
+        {"name": "OUTPUT0", "parameters": {"binary_data": False}}, {"name": "OUTPUT0", "parameters": {
+            "binary_data": True}}])), Answer(200, "application/json", (None, None), SUM0)),
+    "output listed twice, binary first": (Case("POST", "/v2/models/add_sub/infer", _inputs(outputs=[
+        {"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT0"}])), Answer(
+        200, "application/octet-stream", (None, None), b'{"model_name":"add_sub","model_version":"1","outputs":['
+        b'{"name":"OUTPUT0","datatype":"INT32","shape":[1,4],"parameters":{"binary_data_size":16}}]}'
+        + np.array([2, 3, 4, 5], np.int32).tobytes())),
+    "output listed twice, plain first": (Case("POST", "/v2/models/add_sub/infer", _inputs(outputs=[
+        {"name": "OUTPUT0"}, {"name": "OUTPUT0", "parameters": {"classification": 1}}])), Answer(
+        200, "application/json", (None, None), SUM0)),
     # response encoding: the accepted one of the highest q-value, the first among equals
     "gzip refused by its q-value": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
         "Accept-Encoding": "gzip;q=0"}), Answer(200, "application/json", (None, None), SUM)),

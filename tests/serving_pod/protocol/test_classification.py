@@ -66,6 +66,29 @@ def test_non_batching_model_count_capped_and_missing_labels(server, protocol):
     assert [s.decode() for s in out] == ["4.000000:2", "3.000000:0:cat", "2.000000:3", "1.000000:1:dog"]
 
 
+#: (class counts of the two entries, protocol) -> OUTPUT0 as tritonserver 2.51 chose (recorded live with a python
+#: add_sub model over both protocols): over HTTP an output's first entry decides (tritonclient sends a count of 0 as
+#: no classification); over gRPC its first count does
+OUTPUT_LISTED_TWICE = {
+    ((1, 2), "http"): ["0.700000:1:dog"], ((1, 2), "grpc"): ["0.700000:1:dog"],
+    ((0, 1), "http"): [0.1, 0.7, 0.05, 0.15], ((0, 1), "grpc"): ["0.700000:1:dog"],
+    ((1, 0), "http"): ["0.700000:1:dog"], ((1, 0), "grpc"): ["0.700000:1:dog"],
+}
+
+
+@pytest.mark.parametrize(("counts", "protocol"), list(OUTPUT_LISTED_TWICE))
+def test_an_output_listed_twice_keeps_its_first_entry(server, counts, protocol):
+    """A requested output listed twice is answered once, as its first entry (or first count) asks, as Triton
+    answers it; Ferry took the last (two classes for (1, 2))."""
+    client, module = server.client(protocol), server.module(protocol)
+    infer_input = module.InferInput("INPUT0", [1, 4], "FP32")
+    infer_input.set_data_from_numpy(np.array([[0.1, 0.7, 0.05, 0.15]], dtype=np.float32))
+    outputs = [module.InferRequestedOutput("OUTPUT0", class_count=count) for count in counts]
+    out = client.infer("cls", [infer_input], outputs=outputs).as_numpy("OUTPUT0")[0]
+    expected = OUTPUT_LISTED_TWICE[counts, protocol]
+    assert (out.tolist() if out.dtype != np.object_ else [item.decode() for item in out]) == pytest.approx(expected)
+
+
 def test_integer_outputs_print_as_integers(server):
     data = np.array([[5, -2, 9, 0]], dtype=np.int32)
     out = _infer(server, "http", "cls_int", data, 2, "INT32").as_numpy("OUTPUT0")
