@@ -46,6 +46,10 @@ def decode_body(body: bytes, encoding: str, limit: int) -> bytes:
         return body
     if encoding not in WBITS:
         raise UnsupportedEncodingError()
+    if not body:  # Triton's words, found before the body is parsed (``responses.before_parsing``): text/plain
+        error = InvalidArgumentError("nothing to be decompressed")
+        error.before_parsing = True
+        raise error
     try:
         return inflate(body, encoding, limit)
     except InflateError as error:

@@ -182,6 +182,11 @@ CASES: dict[str, tuple[Case, Answer]] = {
     "infer unsupported content encoding": (
         Case("POST", "/v2/models/add_sub/infer", _inputs(), {"Content-Encoding": "br"}),
         Answer(501, "text/plain", (None, "gzip, deflate"), b'{"error":"Unsupported compression type"}')),
+    # an empty body in gzip or deflate: Triton's words before the body is parsed (Ferry: "truncated data")
+    "infer empty gzip body": (Case("POST", "/v2/models/add_sub/infer", b"", {"Content-Encoding": "gzip"}),
+                              _text(400, "nothing to be decompressed")),
+    "infer empty deflate body": (Case("POST", "/v2/models/add_sub/infer", b"", {"Content-Encoding": "deflate"}),
+                                 _text(400, "nothing to be decompressed")),
     "infer more binary data than declared": (Case("POST", "/v2/models/add_sub/infer", *_binary(2)),
                                              _typed(400, "unexpected additional input data for model 'add_sub'")),
     "infer less binary data than declared": (Case("POST", "/v2/models/add_sub/infer", *_binary(-4)), _typed(
