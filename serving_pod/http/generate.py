@@ -35,7 +35,7 @@ from serving_pod.core import datatypes, validation
 from serving_pod.core.errors import InternalError, InvalidArgumentError, ServerError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
 from serving_pod.http.codec import json_array, json_data, json_flat, refuse_half_precision
-from serving_pod.http.responses import error_body
+from serving_pod.http.responses import BOM, error_body
 
 PARAMETERS = "parameters"
 SSE_PREFIX, SSE_SUFFIX = b"data: ", b"\n\n"
@@ -106,7 +106,9 @@ def _members(document: dict[str, Any] | _Repeated) -> Iterable[tuple[str, Any]]:
 def _parse(body: bytes) -> Any:
     """The body's JSON document (rapidjson refuses an empty one as Triton's front end does). orjson keeps the
     last of a repeated key: where the body may repeat one (a top-level or ``parameters`` key written twice), it is
-    read again keeping every member."""
+    read again keeping every member. One UTF-8 byte order mark before it is skipped, as rapidjson skips it."""
+    if body.startswith(BOM):
+        body = body[len(BOM):]
     if not body.strip():
         raise InvalidArgumentError(f"{PARSE_FAILED}: The document is empty.")
     try:

@@ -24,7 +24,8 @@ from serving_pod.http.compression import size_error
 JSON = b"application/json"
 #: libevhtp's default content type, which tritonserver's answers carry where its handler set none (module docstring)
 TEXT = b"text/plain"
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (``parse_json``)
+#: a UTF-8 byte order mark: tritonserver's JSON reader skips one before a body (``parse_json``)
+BOM = b"\xef\xbb\xbf"
 #: the prefixes of the engine's model lookup errors (``core.errors``): tritonserver finds these before it parses an
 #: inference body (``CheckTransactionPolicy``), so it answers them as ``TEXT``
 _LOOKUP_ERRORS = ("Request for unknown model: ", "failed to get model version from specified version string")
@@ -111,7 +112,7 @@ def parse_json(raw: bytes | memoryview) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         error = exc
-    if bytes(raw[:3]) == _BOM:
+    if bytes(raw[:3]) == BOM:
         try:
             return orjson.loads(raw[3:])
         except orjson.JSONDecodeError as exc:
