@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from serving_pod.core.errors import InvalidArgumentError, UnavailableError, UnsupportedError
 
@@ -105,6 +105,8 @@ class LogSettings(logging.Filter):
         self.verbose, self.format = verbose, format
         self.escaped = True  # install() reads TRITON_SERVER_ESCAPE_LOG_MESSAGES
         self.handler: logging.Handler | None = None
+        #: called with these settings whenever they take effect (``apply``): ``--http-workers`` processes follow them
+        self.listeners: list[Callable[[LogSettings], None]] = []
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +169,8 @@ class LogSettings(logging.Filter):
         if self.handler is not None:
             logging.getLogger().setLevel(level)
             self.handler.setFormatter(_Formatter(self.format, escaped=self.escaped))
+        for listener in self.listeners:
+            listener(self)
 
     def install(self) -> None:
         """Route the root logger to stderr or ``file`` through this filter (the CLI calls this once)."""
@@ -192,6 +196,12 @@ class LogSettings(logging.Filter):
         self.apply()
         if unopened:
             logging.getLogger("ferry").error("%s", unopened)
+
+
+def log_infer_failed(logger: logging.Logger, request_id: str, message: str) -> None:
+    """tritonserver's verbose line for an inference request it could not start, HTTP and gRPC alike (callers check
+    ``VERBOSE`` and that it is such a failure: module docstrings of ``http.app`` and ``grpc.service``)."""
+    logger.debug("[request id: %s] Infer failed: %s", request_id or "<id_unknown>", message, stacklevel=2)
 
 
 def installed_log_settings() -> LogSettings | None:

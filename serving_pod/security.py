@@ -7,7 +7,9 @@ model-repository, statistics, trace, logging. A refused HTTP request gets 403 an
 UNAVAILABLE with "This protocol is restricted, expecting header '<header>'" (Triton's words).
 
 The HTTP guard is an ASGI middleware and the gRPC guard a server interceptor; both are installed
-only when some group is restricted, so unrestricted servers pay nothing.
+only when some group is restricted, so unrestricted servers pay nothing. At ``--log-verbose`` 1 and above a refused
+request gets tritonserver's verbose line first (``http.app.log_http_request``, ``grpc.verbose``), as tritonserver
+checks restrictions in the handler it has logged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 import orjson
+
+from serving_pod import logging_settings
 
 GROUPS = (
     "health", "metadata", "inference", "shared-memory", "model-config",
@@ -100,6 +104,11 @@ class RestrictedHttp:
                 wanted = restriction.header.encode("latin-1")
                 value = next((v for k, v in scope["headers"] if k == wanted), None)
                 if value is None or value.decode("latin-1") != restriction.value:
+                    if logging_settings.VERBOSE:
+                        from serving_pod.http.app import FORWARDED, log_http_request, path_as_sent
+
+                        if FORWARDED not in scope:
+                            log_http_request(scope["method"], path_as_sent(scope))
                     body = orjson.dumps({"error": forbidden_message(restriction)})
                     await send({"type": "http.response.start", "status": 403, "headers": [
                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -147,14 +156,18 @@ def grpc_denied(restrictions: dict[str, Restriction], method: str, metadata: Any
 class RestrictedGrpc(grpc.aio.ServerInterceptor):
     """Server interceptor refusing restricted-group RPCs without the group's metadata header."""
 
-    def __init__(self, restrictions: dict[str, Restriction]) -> None:
+    def __init__(self, restrictions: dict[str, Restriction], rpc_log: Any = None) -> None:
         self.restrictions = restrictions
+        #: the front end's ``grpc.verbose.RpcLog``: a refused RPC's verbose line
+        self.rpc_log = rpc_log
 
     async def intercept_service(self, continuation: Callable, details: Any) -> Any:
         handler = await continuation(details)
         denied = grpc_denied(self.restrictions, details.method, details.invocation_metadata)
         if denied is None or handler is None:
             return handler
+        if logging_settings.VERBOSE and self.rpc_log is not None:
+            self.rpc_log.started(details.method)
         return _denied(handler, denied)
 
 

@@ -214,7 +214,7 @@ class FerryServer:
                     options.http_workers - 1, options.http_address, self.http_port, self._bridge.path,
                     max_input_size=options.http_max_input_size, max_header_bytes=options.http_max_header_size,
                     read_timeout_s=options.http_read_timeout_secs, restrictions=options.http_restrictions,
-                    header_forward=options.http_header_forward,
+                    header_forward=options.http_header_forward, log_file=self.engine.log_settings.file,
                 )
                 # ready means every process takes its share of new connections
                 await self._bridge.wait_for_workers(len(self._workers), timeout=60.0)

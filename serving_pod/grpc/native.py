@@ -8,7 +8,7 @@ below Triton), while an RPC here is a few frames parsed and written from one ``d
 ``--grpc-server=grpcio`` keeps the grpc.aio server.
 
 At ``--log-verbose`` 1 and above each RPC started is logged with the line tritonserver's gRPC front end writes as
-it takes one (``log_rpc``); at level 0 that costs one flag check per RPC.
+it takes one (``grpc.verbose``); at level 0 that costs one flag check per RPC.
 """
 
 from __future__ import annotations
@@ -28,16 +28,13 @@ from serving_pod import logging_settings
 from serving_pod.grpc import h2
 from serving_pod.grpc.context import Context
 from serving_pod.grpc.hpack_blocks import encode_headers
+from serving_pod.grpc.verbose import RpcLog
 from serving_pod.grpc.wire import (
     ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
     metadata_headers, metadata_value, parse_timeout, response_compression, response_header_list, status_block,
 )
 
 log = logging.getLogger("ferry.grpc")
-
-
-#: tritonserver's names for two RPCs in its verbose lines (``NativeGrpcServer.log_rpc``)
-_RPC_NAMES = {"TraceSetting": "Trace", "LogSettings": "Logging"}
 
 
 @dataclass(frozen=True)
@@ -179,6 +176,8 @@ class GrpcConnection:
             return
         denied = server.denied(path, metadata)
         if denied:
+            if logging_settings.VERBOSE:  # as tritonserver: its line first, then the restriction's refusal
+                server.rpc_log.started(path.decode("latin-1"))
             self._refuse(stream, grpc.StatusCode.UNAVAILABLE, denied)
             return
         call = Call(self, stream, method, encoding)
@@ -225,7 +224,7 @@ class GrpcConnection:
     def _start(self, call: Call, message: bytes | None) -> None:
         """Run the handler (``message``: a unary request's bytes; None: requests stream from the queue)."""
         if logging_settings.VERBOSE:
-            self.server.log_rpc(call.method.path)
+            self.server.rpc_log.started(call.method.path.decode("latin-1"))
         calls = self.server.calls
         call.task = asyncio.get_running_loop().create_task(self._run(call, message))
         calls.add(call.task)
@@ -364,24 +363,8 @@ class NativeGrpcServer:
         self.calls: set[asyncio.Task] = set()
         self.connections: set[h2.H2Connection] = set()
         self._servers: list[asyncio.AbstractServer] = []
-        #: RPCs started by method name, numbering the verbose lines (``log_rpc``)
-        self.rpc_counts: dict[str, int] = {}
-
-    def log_rpc(self, path: bytes) -> None:
-        """tritonserver's verbose line for an RPC it takes: ``Process for <rpc>, rpc_ok=1, <n> step START``, n
-        counting that RPC's calls; its inference handlers are named ``ModelInferHandler`` (n is always 0: one
-        handler object serves them all) and ``ModelStreamInferHandler`` (``context <n>, 0``: n counts streams), and
-        two RPCs by its own names (``Trace``, ``Logging``)."""
-        name = path.rsplit(b"/", 1)[-1].decode("latin-1")
-        name = _RPC_NAMES.get(name, name)
-        count = self.rpc_counts.get(name, 0)
-        self.rpc_counts[name] = count + 1
-        if name == "ModelInfer":
-            log.debug("Process for ModelInferHandler, rpc_ok=1, 0 step START")
-        elif name == "ModelStreamInfer":
-            log.debug("Process for ModelStreamInferHandler, rpc_ok=1, context %d, 0 step START", count)
-        else:
-            log.debug("Process for %s, rpc_ok=1, %d step START", name, count)
+        #: numbers the verbose lines of the RPCs started
+        self.rpc_log = RpcLog()
 
     def denied(self, path: bytes, metadata: list[tuple[str, Any]]) -> str | None:
         return self._denied(path, metadata) if self._denied is not None else None

@@ -5,8 +5,11 @@ HTTP. Where Triton's gRPC front end has words or an order of its own (a decouple
 the model looked up before the request is read, a stream's error messages), they are kept here. Triton's
 protos come from tritonclient (registering a second copy would collide with it).
 
-At ``--log-verbose`` 1 and above a failed ``ModelInfer`` is logged as tritonserver's gRPC front end logs it,
-``[request id: <id>] Infer failed: <message>`` (only the error path checks the flag).
+At ``--log-verbose`` 1 and above an inference request that could not start is logged as tritonserver's gRPC front
+end logs it, ``[request id: <id>] Infer failed: <message>``: a ``ModelInfer`` or stream request refused before it
+was queued (its model or its message refused), not one whose model failed it; only the error paths check the flag.
+On the grpc.aio front end each RPC's ``Process for ...`` line is written by ``verbose.logged_servicer``, and a
+stream's by ``ModelStreamInfer`` itself (``rpc_log``, once per stream); the native front end writes its own.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from serving_pod.core.types import InferRequest
 from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response, encode_serialized
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
+from serving_pod.grpc.verbose import RpcLog, logged_servicer
 from serving_pod.grpc.wire import takes_serialized
 from serving_pod.trace import Frontend
 
@@ -60,8 +64,9 @@ _GRPC_ERROR_KEY = "triton_grpc_error"
 
 
 def _log_failed(request_id: str, error: ServerError) -> None:
-    """tritonserver's verbose line for a ``ModelInfer`` that failed (callers check ``logging_settings.VERBOSE``)."""
-    log.debug("[request id: %s] Infer failed: %s", request_id or "<id_unknown>", error)
+    """tritonserver's verbose line for an inference request refused before it was queued (callers check
+    ``logging_settings.VERBOSE``)."""
+    logging_settings.log_infer_failed(log, request_id, error.message)
 
 
 class _InOrder:
@@ -102,10 +107,14 @@ def _grpc_error_mode(context: Any) -> bool:
 class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceServicer):
     """Triton's inference service on top of the engine."""
 
-    def __init__(self, engine: Engine, header_forward: re.Pattern[str] | None = None) -> None:
+    def __init__(self, engine: Engine, header_forward: re.Pattern[str] | None = None,
+                 rpc_log: RpcLog | None = None) -> None:
         self.engine = engine
         #: ``--grpc-header-forward-pattern``: matching metadata becomes request parameters
         self.header_forward = header_forward
+        #: the grpc.aio front end's verbose lines, which ``ModelStreamInfer`` writes here for a stream (the others:
+        #: ``verbose.logged_servicer``); None: the native front end writes them
+        self.rpc_log = rpc_log
 
     def _forward(self, request: InferRequest, context: Any) -> None:
         """``--grpc-header-forward-pattern``: matching metadata becomes request parameters."""
@@ -180,7 +189,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             except ServerError as error:
                 if isinstance(error, DecoupledModelError):
                     error = UnsupportedError(_DECOUPLED)
-                if logging_settings.VERBOSE:
+                    error.refused_before_queue = True
+                if logging_settings.VERBOSE and error.refused_before_queue:
                     _log_failed(infer_request.id, error)
                 await _abort(context, error)
             if frontend is None:
@@ -224,6 +234,8 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         are sent as Triton sends them: a request refused before the model named by its id alone (``_refused``), an
         error response by the request and its final flag (``_failed``), or the stream's status with
         ``triton_grpc_error``."""
+        if logging_settings.VERBOSE and self.rpc_log is not None:
+            self.rpc_log.started("ModelStreamInfer")
         queue: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
         reader_done = object()
@@ -241,6 +253,11 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
             while ordered and ordered[0].done:
                 for item in ordered.popleft().items:
                     queue.put_nowait(item)
+
+        def refused(message: pb.ModelInferRequest, error: ServerError, slot: _InOrder | None) -> None:
+            if logging_settings.VERBOSE:
+                _log_failed(message.id, error)
+            send(_refused(message, error), slot)
 
         def failed(message: pb.ModelInferRequest, error: ServerError, final: bool, slot: _InOrder | None) -> None:
             send(error if grpc_error else _failed(message, error, final), slot)
@@ -260,7 +277,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 if self.header_forward is not None:
                     self._forward(infer_request, context)
             except ServerError as error:
-                send(_refused(message, self._model_error(message, unary=False) or error), slot)
+                refused(message, self._model_error(message, unary=False) or error, slot)
                 return
             try:
                 enable_empty = bool(infer_request.parameters.get("triton_enable_empty_final_response"))
@@ -283,7 +300,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                         frontend.sent(start)  # GRPC_SEND_START/END per response, as tritonserver
             except ServerError as error:
                 if error.refused_before_queue:  # set by the engine (``core.engine.mark_refused``)
-                    send(_refused(message, error), slot)
+                    refused(message, error, slot)
                 else:  # the request's last response
                     failed(message, error, True, slot)
             finally:
@@ -457,13 +474,15 @@ def create_server(
     if response_compression != "none":
         options.append(("grpc.default_compression_level", {"low": 1, "med": 2, "high": 3}[response_compression]))
     interceptors = []
+    rpc_log = RpcLog()
     if restrictions:
         from serving_pod.security import RestrictedGrpc
 
-        interceptors.append(RestrictedGrpc(restrictions))
+        interceptors.append(RestrictedGrpc(restrictions, rpc_log))
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(engine, header_forward), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthService(engine), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        logged_servicer(InferenceService(engine, header_forward, rpc_log), rpc_log), server)
+    health_pb2_grpc.add_HealthServicer_to_server(logged_servicer(HealthService(engine), rpc_log), server)
     for add in extra_services or []:
         add(server)
     return server

@@ -12,8 +12,15 @@ readiness routes, for unknown routes and for inference errors found before the b
 model that is unknown, not ready or decoupled gets the model's error (``_model_first``).
 
 At ``--log-verbose`` 1 and above each request is logged as tritonserver logs it, ``HTTP request: <method> <path>``
-(libevhtp's method number, the path as sent without its query; ``log_http_request``): an infer request by
-``answer_infer``, any other by ``InferEndpoint``. At level 0 that costs one flag check per infer request.
+(libevhtp's method number, the path as sent without its query; ``log_http_request``), first, whether it is answered
+or refused: an infer request by ``answer_infer`` (or where its headers or body size are refused before it,
+``log_infer_request``), any other by ``InferEndpoint`` (a protocol worker logs the requests it forwards, so the
+server process does not log them again: ``FORWARDED``). An inference request tritonserver could not start is then
+logged as its ``HandleInfer`` error callback logs it, ``[request id: <id>] Infer failed: <message>`` (``<id_unknown>``
+when the body could not be parsed): a body that does not parse, or an engine refusal before the request was queued,
+answered as JSON; not a refusal found before the body is read (model lookup, encoding, header length) nor an
+error of the model's execution, which tritonserver answers without that callback. At level 0 that costs one flag
+check per infer request.
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ class Infers(Protocol):
 
 #: ASGI scope extension: the request's header names as sent (``http.protocol`` sets it when headers are forwarded)
 HEADER_NAMES = "ferry.header_names"
+#: ASGI scope key of a request a protocol worker forwarded (``http.workers.run_asgi``): the worker logged it
+FORWARDED = "ferry.forwarded"
 
 
 class InferHead(NamedTuple):
@@ -123,22 +132,42 @@ Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 
 def log_http_request(method: str, path: bytes) -> None:
     """tritonserver's verbose line for a request received (callers check ``logging_settings.VERBOSE`` first)."""
-    log.debug("HTTP request: %d %s", _METHODS.get(method, 16), path.decode("latin-1"))
+    log.debug("HTTP request: %d %s", _METHODS.get(method, 16), path.decode("latin-1"), stacklevel=2)
 
 
-async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> Answer:
-    """(status, body, extra headers, content type) for one inference request; errors become their answer."""
+def log_infer_request(model: str, version: str, path: bytes = b"") -> None:
+    """``log_http_request`` for ``POST`` of ``path``, the infer route of ``model`` and ``version`` when not given."""
+    log_http_request("POST", path or f"/v2/models/{model}{f'/versions/{version}' if version else ''}/infer".encode())
+
+
+def _log_infer_failed(request_id: str, error: ServerError) -> None:
+    """The ``Infer failed`` line (module docstring) for a request refused with ``error``, if tritonserver writes one:
+    only its error callback, which answers JSON, does (callers check ``logging_settings.VERBOSE``)."""
+    if infer_content_type(error) == JSON:
+        logging_settings.log_infer_failed(log, request_id, error.message)
+
+
+async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int,
+                       path: bytes = b"") -> Answer:
+    """(status, body, extra headers, content type) for one inference request; errors become their answer.
+    ``path``: the request's path as sent, for the verbose line (by default the route ``model`` and ``version`` make)."""
     if logging_settings.VERBOSE:
-        log_http_request("POST", f"/v2/models/{model}{f'/versions/{version}' if version else ''}/infer".encode())
+        log_infer_request(model, version, path)
     try:
         request = await _decode(engine, head, body, model, version, limit)
     except ServerError as error:
-        return error_answer(_http_worded(await _model_first(engine, model, version, error)))
+        error = _http_worded(await _model_first(engine, model, version, error))
+        if logging_settings.VERBOSE:
+            _log_infer_failed("", error)
+        return error_answer(error)
     try:
         response = await engine.infer(request)
         payload, json_length = encode_infer_response(response, request)
     except ServerError as error:
-        return error_answer(_http_worded(error))
+        error = _http_worded(error)
+        if logging_settings.VERBOSE and error.refused_before_queue:
+            _log_infer_failed(request.id, error)
+        return error_answer(error)
     headers: list[tuple[bytes, bytes]] = []
     if json_length is not None:
         headers.append((b"inference-header-content-length", str(json_length).encode()))
@@ -216,8 +245,8 @@ class InferEndpoint:
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2) or "")  # answer_infer logs it
                 return
-        if logging_settings.VERBOSE and scope["type"] == "http":
-            log_http_request(scope["method"], scope.get("raw_path") or scope["path"].encode())
+        if logging_settings.VERBOSE and scope["type"] == "http" and FORWARDED not in scope:
+            log_http_request(scope["method"], path_as_sent(scope))
         if scope["type"] == "http" and scope["method"] != "POST" and _INFER_PATH.match(scope["path"]):
             # as tritonserver: the infer route exists, only for POST (FastAPI has no such route, so it said 404)
             await send_response(send, 405, b'{"error":"Method Not Allowed"}', [], TEXT)
@@ -235,10 +264,12 @@ class InferEndpoint:
                 head = infer_head(scope["headers"], limit, self.header_forward, names)
                 body = await read_body(receive, limit)
             except ServerError as error:
+                if logging_settings.VERBOSE:  # refused before ``answer_infer``, which logs the others
+                    log_infer_request(model, version, path_as_sent(scope))
                 await send_response(send, *error_answer(error))
                 return
             answer = await answer_infer(self.engine if frontend is None else frontend, head, body, model, version,
-                                        limit)
+                                        limit, path_as_sent(scope))
             if frontend is None:
                 await send_response(send, *answer)
                 return
@@ -248,6 +279,11 @@ class InferEndpoint:
         finally:
             if frontend is not None:
                 frontend.done()
+
+
+def path_as_sent(scope: dict) -> bytes:
+    """The request's path as sent (without its query), as tritonserver's verbose line writes it."""
+    return scope.get("raw_path") or scope["path"].encode()
 
 
 def create_app(

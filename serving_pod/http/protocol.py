@@ -13,6 +13,9 @@ guards. ``InferCycle`` stands in for uvicorn's cycle object where uvicorn's prot
 (pipelining, shutdown, disconnects). uvicorn's ASGI scope is built only for a request that takes the
 ASGI path (``begin_request``), not when its message begins.
 
+An infer request refused here, before ``answer_infer`` (its headers, a chunked body past the limit), is logged here
+at ``--log-verbose`` 1 and above with the ``HTTP request:`` line ``answer_infer`` writes for the others.
+
 Known heads: perf_analyzer, tritonclient and any service calling one model send the same request head (request
 line and headers) every time. An infer request that arrives in one read, is answered on the direct path and
 carries a plain ``content-length`` has its head's bytes kept (``known_heads``, per server, bounded); a later read
@@ -37,9 +40,12 @@ from typing import Any, NamedTuple
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from serving_pod import logging_settings
 from serving_pod.core.engine import Engine
 from serving_pod.core.errors import ServerError
-from serving_pod.http.app import HEADER_NAMES, Answer, InferHead, answer_infer, error_answer, infer_head
+from serving_pod.http.app import (
+    HEADER_NAMES, Answer, InferHead, answer_infer, error_answer, infer_head, log_infer_request,
+)
 from serving_pod.http.compression import size_error
 from serving_pod.http.limits import GuardedHttpToolsProtocol
 from serving_pod.trace import Frontend
@@ -218,6 +224,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         try:
             head = infer_head(self.headers, self.max_input_size, self.header_forward, self.header_names)
         except ServerError as error:
+            if logging_settings.VERBOSE:  # refused before ``answer_infer``, which logs the others
+                log_infer_request(*target)
             cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
             return True
@@ -235,6 +243,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             return
         cycle.size += len(body)
         if cycle.size > self.max_input_size:  # a chunked body past the limit: refuse before keeping it
+            if logging_settings.VERBOSE:
+                log_infer_request(cycle.model, cycle.version)
             self._respond(cycle, error_answer(size_error(cycle.size, self.max_input_size)))
             cycle.chunks.clear()
             return

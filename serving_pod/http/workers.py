@@ -16,11 +16,18 @@ dataclasses; frames written in one loop iteration leave in one write. Only the s
 connect (the socket lives in a private temporary directory).
 
 Tracing: a worker stamps HTTP_RECV_*/HTTP_SEND_* as the server process's own front end does (``trace.Frontend``)
-while the server traces. The server keeps ``Tracer.enabled`` in a one-byte shared file beside the socket
-(``tracing``, updated as the settings change), which the worker reads once per request (``RemoteTracer``). A
+while the server traces. The server keeps ``Tracer.enabled`` in the first byte of a two-byte shared file beside the
+socket (``flags``, updated as the settings change), which the worker reads once per request (``RemoteTracer``). A
 traced request goes as ``TRACED_INFER`` with its receive timestamps; once the worker has written the answer it
 sends ``SENT`` with the send timestamps, and the server's trace is written (as ``Tracer.sent`` / ``done`` do for
 its own front end). An untraced request pays that read (about 0.1 µs) and one ``is None`` check.
+
+Logging: a worker writes its log as the server process does (``logging_settings``, the same ``--log-file``), so
+tritonserver's verbose request lines (``http.app``) come from the process that takes the request; it logs the requests
+it forwards too, and the server process does not log them again (``app.FORWARDED``). The server's log settings
+can change at run time (``/v2/logging``): it keeps their switches in the second byte of ``flags`` (``log_flags``),
+which the worker reads once per read from a client (``LogFollower``) and applies when it changed, before that read's
+requests are parsed; so a worker follows a change from the first request that comes after it was answered.
 """
 
 from __future__ import annotations
@@ -42,14 +49,19 @@ from typing import Any, Callable
 from serving_pod.core.errors import InternalError, ServerError, UnavailableError
 from serving_pod.core.interprocess import request_from_wire, request_to_wire, response_from_wire, response_to_wire
 from serving_pod.core.types import InferRequest, InferResponse
+from serving_pod.http.app import FORWARDED, path_as_sent
+from serving_pod.logging_settings import LogSettings
 from serving_pod.trace import Frontend
 
 log = logging.getLogger("ferry.http.workers")
 
 _LEN = struct.Struct("<I")
 INFER, ASGI, HELLO, CONFIG, TRACED_INFER, SENT = 0, 1, 2, 3, 4, 5
-#: the one-byte file beside the bridge's socket that says whether the server traces (module docstring)
-TRACING_FILE = "tracing"
+#: the two-byte file beside the bridge's socket: whether the server traces, its log settings (module docstring)
+FLAGS_FILE = "flags"
+_TRACING, _LOGGING = 0, 1
+#: ``log_flags`` bits: verbose level above 0, ISO8601 format, log_info, log_warning, log_error
+_VERBOSE, _ISO8601, _INFO, _WARNING, _ERROR = 1, 2, 4, 8, 16
 OK, ERROR = 0, 1
 
 
@@ -106,11 +118,11 @@ class FrameProtocol(asyncio.Protocol):
 
 async def run_asgi(app: Callable, request: tuple) -> tuple[int, list, bytes]:
     """Run one forwarded request through ``app``; (status, headers, body)."""
-    method, path, query, headers, body, client = request
+    method, path, raw_path, query, headers, body, client = request
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
-        "root_path": "", "headers": headers, "client": client, "server": None,
+        "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query,
+        "root_path": "", "headers": headers, "client": client, "server": None, FORWARDED: True,
     }
     sent = False
 
@@ -215,16 +227,21 @@ class Bridge:
         self.tasks: set[asyncio.Task] = set()
         self._listening: set[int] = set()
         self._changed = asyncio.Event()
-        flag = os.path.join(self.directory, TRACING_FILE)
-        with open(os.open(flag, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "r+b") as file:
-            file.write(b"\0")
+        flags = os.path.join(self.directory, FLAGS_FILE)
+        with open(os.open(flags, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "r+b") as file:
+            file.write(b"\0\0")
             file.flush()
-            self._tracing: mmap.mmap | None = mmap.mmap(file.fileno(), 1)
+            self._flags: mmap.mmap | None = mmap.mmap(file.fileno(), 2)
 
     def _tracing_changed(self, enabled: bool) -> None:
         """``Tracer`` listener: the workers read the byte before each request."""
-        if self._tracing is not None:
-            self._tracing[0] = int(enabled)
+        if self._flags is not None:
+            self._flags[_TRACING] = int(enabled)
+
+    def _logging_changed(self, settings: LogSettings) -> None:
+        """``LogSettings`` listener: the workers read the byte at each read from a client."""
+        if self._flags is not None:
+            self._flags[_LOGGING] = log_flags(settings)
 
     def listening(self, pid: int) -> None:
         self._listening.add(pid)
@@ -247,6 +264,8 @@ class Bridge:
         tracer = self.engine.tracer
         self._tracing_changed(tracer.enabled)
         tracer.listeners.append(self._tracing_changed)
+        self._logging_changed(self.engine.log_settings)
+        self.engine.log_settings.listeners.append(self._logging_changed)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _BridgeConnection(self), path=self.path)
         os.chmod(self.path, 0o600)
@@ -257,12 +276,14 @@ class Bridge:
             await self._server.wait_closed()
         for task in list(self.tasks):
             task.cancel()
-        if self._tracing_changed in self.engine.tracer.listeners:
-            self.engine.tracer.listeners.remove(self._tracing_changed)
-        if self._tracing is not None:
-            self._tracing.close()
-            self._tracing = None
-        for path in (self.path, os.path.join(self.directory, TRACING_FILE)):
+        for listeners, listener in ((self.engine.tracer.listeners, self._tracing_changed),
+                                    (self.engine.log_settings.listeners, self._logging_changed)):
+            if listener in listeners:
+                listeners.remove(listener)
+        if self._flags is not None:
+            self._flags.close()
+            self._flags = None
+        for path in (self.path, os.path.join(self.directory, FLAGS_FILE)):
             try:
                 os.unlink(path)
             except OSError:
@@ -328,20 +349,53 @@ class BridgeClient(FrameProtocol):
                 future.set_exception(ConnectionError("the server process closed the bridge"))
 
 
+def log_flags(settings: LogSettings) -> int:
+    """The switches of ``settings`` a worker follows, as one byte (``LogFollower``)."""
+    switches = (settings.verbose > 0, settings.format == "ISO8601", settings.info, settings.warning, settings.error)
+    return sum(bit for bit, on in zip((_VERBOSE, _ISO8601, _INFO, _WARNING, _ERROR), switches) if on)
+
+
+def read_flags(path: str) -> mmap.mmap:
+    """The worker's read-only view of the server's ``flags`` file."""
+    with open(path, "rb") as file:
+        return mmap.mmap(file.fileno(), 2, access=mmap.ACCESS_READ)
+
+
+class LogFollower:
+    """A worker's log settings, following the server's (the shared byte, module docstring); ``follow`` applies a
+    change, and costs a byte read and a comparison otherwise."""
+
+    def __init__(self, flags: mmap.mmap, settings: LogSettings) -> None:
+        self._flags = flags
+        self.settings = settings
+        self._seen = -1
+
+    def follow(self) -> None:
+        state = self._flags[_LOGGING]
+        if state == self._seen:
+            return
+        self._seen = state
+        settings = self.settings
+        # the level matters only as verbose or not here: a worker writes no message of a higher level
+        settings.verbose = int(bool(state & _VERBOSE))
+        settings.format = "ISO8601" if state & _ISO8601 else "default"
+        settings.info, settings.warning, settings.error = (bool(state & bit) for bit in (_INFO, _WARNING, _ERROR))
+        settings.apply()
+
+
 class RemoteTracer:
     """A worker's side of the server's ``Tracer``, as ``trace.Frontend`` uses it: ``enabled`` is the server's
     (the shared byte), ``sent`` keeps a traced request's send timestamps and ``done`` reports them."""
 
-    def __init__(self, client: BridgeClient, flag_path: str) -> None:
+    def __init__(self, client: BridgeClient, flags: mmap.mmap) -> None:
         self.client = client
-        with open(flag_path, "rb") as file:
-            self._flag = mmap.mmap(file.fileno(), 1, access=mmap.ACCESS_READ)
+        self._flag = flags
         #: traced requests sent to the server: front end -> (bridge key, send timestamps)
         self.calls: dict[Frontend, tuple[int, list[tuple[int, int]]]] = {}
 
     @property
     def enabled(self) -> bool:
-        return self._flag[0] != 0
+        return self._flag[_TRACING] != 0
 
     def key(self, frontend: Frontend) -> int:
         """The bridge key for ``frontend``'s request, which its ``SENT`` frame names."""
@@ -406,7 +460,8 @@ class ForwardingApp:
             await send_response(send, *error_body(error), [])
             return
         client = scope.get("client")
-        request = (scope["method"], scope["path"], scope.get("query_string", b""),
+        request = (scope["method"], scope["path"], path_as_sent(scope),
+                   scope.get("query_string", b""),
                    [(bytes(k), bytes(v)) for k, v in scope["headers"]], body,
                    tuple(client) if client else None)
         try:
@@ -439,15 +494,15 @@ def worker_app(engine: RemoteEngine, max_input_size: int, restrictions: dict[str
 
 def spawn_workers(
     count: int, address: str, port: int, bridge_path: str, *, max_input_size: int, max_header_bytes: int,
-    read_timeout_s: float, restrictions: dict[str, Any] | None = None, header_forward: str = "",
+    read_timeout_s: float, restrictions: dict[str, Any] | None = None, header_forward: str = "", log_file: str = "",
 ) -> list[subprocess.Popen]:
     """Start ``count`` worker processes listening on ``address:port`` (SO_REUSEPORT, like the server's own
     socket, so the kernel spreads connections over all of them) and forwarding to the bridge. They enforce
-    the server's HTTP limits themselves."""
+    the server's HTTP limits themselves, and log to ``log_file`` (the server's; "": stderr)."""
     settings = json.dumps({
         "max_input_size": max_input_size, "max_header_bytes": max_header_bytes, "read_timeout_s": read_timeout_s,
         "restrictions": {group: [r.header, r.value] for group, r in (restrictions or {}).items()},
-        "header_forward": header_forward,
+        "header_forward": header_forward, "log_file": log_file,
     })
     return [
         subprocess.Popen([sys.executable, "-m", "serving_pod.http.workers", address, str(port), bridge_path, settings])
@@ -490,19 +545,32 @@ def worker_main(argv: list[str]) -> int:
     restrictions = {group: Restriction(*pair) for group, pair in settings["restrictions"].items()}
     max_input_size = settings["max_input_size"]
     header_forward = re.compile(settings["header_forward"]) if settings.get("header_forward") else None
+    flags = read_flags(os.path.join(os.path.dirname(bridge_path), FLAGS_FILE))
+    logs = LogFollower(flags, LogSettings(file=settings.get("log_file", "")))
+    logs.settings.install()
+    logs.follow()
     sock = bind_socket(address, port, reuse_port=True)
     sock.listen(2048)  # connections queue here from now on; then tell the server this process takes its share
     _hello(bridge_path)
     client = BridgeClient(bridge_path)
-    engine = RemoteEngine(client, RemoteTracer(client, os.path.join(os.path.dirname(bridge_path), TRACING_FILE)))
-    protocol = http_protocol(
+    engine = RemoteEngine(client, RemoteTracer(client, flags))
+    served = http_protocol(
         engine=engine, max_input_size=max_input_size,  # type: ignore[arg-type]
         max_header_bytes=settings["max_header_bytes"], read_timeout_s=settings["read_timeout_s"],
         restrictions=restrictions, header_forward=header_forward,
     )
+    follow = logs.follow
+
+    class FollowingProtocol(served):  # type: ignore[valid-type,misc]
+        """The server's protocol, following the server's log settings at each read (module docstring)."""
+
+        def data_received(self, data: bytes) -> None:
+            follow()
+            super().data_received(data)
+
     config = uvicorn.Config(
-        worker_app(engine, max_input_size, restrictions, header_forward), loop="uvloop", http=protocol, lifespan="off",
-        log_level="warning", access_log=False, proxy_headers=False, server_header=False,
+        worker_app(engine, max_input_size, restrictions, header_forward), loop="uvloop", http=FollowingProtocol,
+        lifespan="off", log_level="warning", access_log=False, proxy_headers=False, server_header=False,
         timeout_keep_alive=75,
     )
     uvicorn.Server(config).run(sockets=[sock])

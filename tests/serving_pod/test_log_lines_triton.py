@@ -16,7 +16,9 @@ failed for model directory 'm'``, an ensemble's ``Invalid argument: ...`` when i
 ``Internal: failed to load all models``, the ``Started ...`` lines), the start-up
 model table (``| Model | Version | Status |``, in its place before the ``Started`` lines) and options table, and at
 ``--log-verbose=1`` the request lines (``HTTP request: <method number> <path>``, gRPC's ``Process for <rpc>,
-rpc_ok=1, <n> step START`` and ``[request id: <id>] Infer failed: <message>``), none at level 0.
+rpc_ok=1, <n> step START`` and, over both, ``[request id: <id>] Infer failed: <message>``), none at level 0: for
+requests answered and refused, on Ferry's default front ends and on its ``--http-workers`` processes and
+``--grpc-server=grpcio`` front end, which follow a verbose level changed at run time.
 
 Kept different on purpose:
 - Backend-internal lines are not copied: the python backend's ``TRITONBACKEND_ModelInstanceInitialize: m_0 (CPU
@@ -31,8 +33,11 @@ Kept different on purpose:
 - The options table has no ``pinned_memory_pool_byte_size`` row: Ferry has no pinned memory pool.
 - Ferry does not print Triton's empty ``Repository Agent`` and ``Backend`` tables.
 - Verbose gRPC lines: only the ``step START`` line of tritonserver's per-RPC state machine (not its ``Ready for
-  RPC``, ``step COMPLETE``/``FINISH`` and ``Done for`` lines, nor its request-state and buffer lines), on the native
-  gRPC front end only (``--grpc-server=grpcio`` writes the ``Infer failed`` line only).
+  RPC``, ``step COMPLETE``/``FINISH`` and ``Done for`` lines, nor its request-state and buffer lines).
+- Verbose HTTP lines: not tritonserver's core and buffer lines (``Setting state from ...``, ``prepared: ...``,
+  ``HTTP using buffer for: ...``). A body that is not JSON: Ferry's ``Infer failed`` line has its parser's words,
+  as its answer does. A body over ``--http-max-input-size`` (a limit tritonserver 2.51 does not have: it parses
+  the body and its line says why that failed) gets the request line only.
 - ``'m' is unchanged since it was loaded: nothing to load`` is Ferry's own line (Triton writes nothing then).
 - Triton's poller loads a python model again once after it loaded: the python stub writes ``__pycache__`` into the
   model's directory, which Triton counts as a change of the model. Ferry does not. The tests give both servers
@@ -530,3 +535,147 @@ def test_verbose_request_lines(kind: str, tmp_path: Path, start: Callable[..., S
         client.close()
 
     assert requests(server.step(1, quiet, select=requests, quiet=0.5)) == [("I", "HTTP request: 2 /v2/logging")]
+
+
+# --- verbose lines of refused requests, on every front end ----------------------------------------------------------
+_SHAPE = ("unexpected shape for input 'INPUT1' for model 'add_sub'. Expected [-1,4], got [1,3]. NOTE: Setting a "
+          "non-zero max_batch_size in the model config requires a batch dimension to be prepended to each input "
+          "shape. If you want to specify the full shape including the batch dim in your input dims config, try "
+          "setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size.")
+_INFER = ("I", "HTTP request: 2 /v2/models/add_sub/infer")
+#: recorded from tritonserver 2.51 at --log-verbose=1 (``over_http`` below, one request a connection): the request
+#: line comes first whatever the answer; ``Infer failed`` follows only where its ``HandleInfer`` error callback
+#: answers (a body that does not parse, a refusal by its core), not a refusal before the body is read
+REFUSED_HTTP_LINES = [
+    _INFER,  # answered
+    ("I", "HTTP request: 2 /v2/models/nothere/infer"),  # unknown model: found before the body is read
+    ("I", "HTTP request: 2 /v2/models/add_sub/versions/7/infer"),
+    _INFER,  # an empty body: a raw binary request that cannot be one
+    ("I", "[request id: <id_unknown>] Infer failed: [request id: <id_unknown>] Raw request must only have 1 input "
+          "(found 1) to be deduced but got 2 inputs in 'add_sub' model configuration"),
+    _INFER,  # Inference-Header-Content-Length past the body
+    _INFER,  # Content-Encoding: br
+    ("I", "HTTP request: 0 /v2/models/add_sub/infer"),  # GET: 405
+    _INFER, ("I", f"[request id: r1] Infer failed: [request id: r1] {_SHAPE}"),
+    _INFER, ("I", "[request id: <id_unknown>] Infer failed: [request id: <id_unknown>] expected 2 inputs but got 1 "
+                  "inputs for model 'add_sub'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. "
+                  "Please provide all required input(s)."),
+    ("I", "HTTP request: 0 /v2/models/add_sub/config"),  # a restricted API without its header: 403
+]
+#: Ferry's own refusal of a body over --http-max-input-size (tritonserver 2.51 has no such limit): its request line
+#: only, whichever path read it (a plain content-length, a chunked body, the ASGI path a query takes)
+TOO_LARGE_LINES = [_INFER, _INFER, _INFER]
+#: recorded from tritonserver 2.51 at --log-verbose=1 (``over_grpc`` below): every stream is ``context 0``
+REFUSED_GRPC_LINES = [
+    ("I", "Process for ModelInferHandler, rpc_ok=1, 0 step START"),
+    ("I", "Process for ModelInferHandler, rpc_ok=1, 0 step START"),
+    ("I", "[request id: <id_unknown>] Infer failed: Request for unknown model: 'nothere' is not found"),
+    ("I", "Process for ModelInferHandler, rpc_ok=1, 0 step START"),
+    ("I", f"[request id: g1] Infer failed: [request id: g1] {_SHAPE}"),
+    ("I", "Process for ServerLive, rpc_ok=1, 0 step START"),
+    ("I", "Process for ServerLive, rpc_ok=1, 1 step START"),
+    ("I", "Process for Logging, rpc_ok=1, 0 step START"),
+    ("I", "Process for ModelConfig, rpc_ok=1, 0 step START"),  # a restricted protocol without its header
+    ("I", "Process for ModelStreamInferHandler, rpc_ok=1, context 0, 0 step START"),
+    ("I", "Process for ModelStreamInferHandler, rpc_ok=1, context 0, 0 step START"),
+    ("I", "[request id: <id_unknown>] Infer failed: Request for unknown model: 'nothere' is not found"),
+    ("I", f"[request id: s1] Infer failed: [request id: s1] {_SHAPE}"),
+]
+#: the front ends: Ferry's default ones, Ferry's protocol workers with its grpc.aio front end, Triton
+FRONT_ENDS = [pytest.param("ferry", (), id="ferry"),
+              pytest.param("ferry", ("--http-workers=3", "--grpc-server=grpcio"), id="ferry-workers-grpcio"),
+              pytest.param("triton", (), id="triton", marks=SLOW)]
+
+
+def _request_pids(text: str) -> set[str]:
+    """The pids that wrote ``HTTP request:`` lines (the protocol workers' and the server's)."""
+    return set(re.findall(r"^I\d{4} [\d:.]+ +(\d+) [^\]]+\] \"HTTP request: ", text, re.M))
+
+
+def _bad_shape(request_id: str) -> dict:
+    return {"id": request_id, "inputs": [{"name": n, "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}
+                                         for n in ("INPUT0", "INPUT1")]}
+
+
+@pytest.mark.parametrize(("kind", "flags"), FRONT_ENDS)
+def test_verbose_lines_of_refused_requests(kind: str, flags: tuple[str, ...], tmp_path: Path,
+                                           start: Callable[..., Server]) -> None:
+    """Every inference request gets its ``HTTP request:`` line first, refused or not (an unknown model, a bad
+    header, a body over the size limit on any read path, a restricted API); ``Infer failed`` follows for a body
+    that does not make a request (<id_unknown>) or a request the engine refuses (its id), not for one refused
+    before its body is read.
+    Over gRPC each call's ``Process for`` line, then ``Infer failed`` for a refused unary or stream request. The same
+    from protocol worker processes and the grpc.aio front end, which follow a verbose level changed at run time."""
+    repo = tmp_path / "refused"
+    write_model(repo, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
+    limit = ("--http-max-input-size=4096",) if kind == "ferry" else ()
+    server = start(kind, repo, "--model-control-mode=explicit", "--load-model=add_sub", "--log-verbose=1", *limit,
+                   "--http-restricted-api=model-config:k=v", "--grpc-restricted-protocol=model-config:k=v", *flags)
+    server.step(len(LOADS_ENSEMBLE[:2]) + len(STARTED))
+    url = f"http://127.0.0.1:{server.http}"
+    infer = url + "/v2/models/add_sub/infer"
+    body = {"inputs": [{"name": n, "shape": [1, 4], "datatype": "INT32", "data": [1, 2, 3, 4]}
+                       for n in ("INPUT0", "INPUT1")]}
+
+    def send(method: str, target: str, **kwargs: object) -> int:
+        return httpx.request(method, target, timeout=30, **kwargs).status_code  # a connection each (spread)
+
+    def over_http() -> None:
+        assert send("POST", infer, json=body) == 200
+        assert send("POST", url + "/v2/models/nothere/infer", json=body) == 404
+        assert send("POST", url + "/v2/models/add_sub/versions/7/infer", json=body) == 404
+        assert send("POST", infer, content=b"") == 400
+        assert send("POST", infer, content=b"{}", headers={"Inference-Header-Content-Length": "99"}) == 400
+        assert send("POST", infer, content=b"xx", headers={"Content-Encoding": "br"}) == 501
+        assert send("GET", infer) == 405
+        assert send("POST", infer, json=_bad_shape("r1")) == 400
+        assert send("POST", infer, json={"inputs": body["inputs"][:1]}) == 400
+        assert send("GET", url + "/v2/models/add_sub/config") == 403
+        if kind == "ferry":  # TOO_LARGE_LINES
+            big = b"{" + b" " * 5000 + b"}"
+            assert send("POST", infer, content=big) == 400
+            assert send("POST", infer, content=iter([big[:2000], big[2000:]])) == 400  # chunked
+            assert send("POST", infer + "?via=asgi", content=big) == 400
+
+    expected = REFUSED_HTTP_LINES + (TOO_LARGE_LINES if kind == "ferry" else [])
+    assert requests(server.step(len(expected), over_http, select=requests)) == expected
+    if "--http-workers=3" in flags:
+        assert len(_request_pids(server.read())) > 1, "the workers wrote request lines too"
+
+    def over_grpc() -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        client.infer("add_sub", _inputs())
+        with pytest.raises(Exception, match="unknown model"):
+            client.infer("nothere", _inputs())
+        bad = [grpcclient.InferInput(n, [1, 3], "INT32").set_data_from_numpy(np.ones((1, 3), np.int32))
+               for n in ("INPUT0", "INPUT1")]
+        with pytest.raises(Exception, match="unexpected shape"):
+            client.infer("add_sub", bad, request_id="g1")
+        client.is_server_live()
+        client.is_server_live()
+        client.get_log_settings()
+        with pytest.raises(Exception, match="This protocol is restricted"):
+            client.get_model_config("add_sub")
+        answers: queue.Queue = queue.Queue()
+        for requests_sent in ([("add_sub", _inputs(), "")], [("nothere", _inputs(), ""), ("add_sub", bad, "s1")]):
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for model, inputs, request_id in requests_sent:
+                client.async_stream_infer(model, inputs, request_id=request_id)
+            errors = [answers.get(timeout=30)[1] for _ in requests_sent]
+            assert [error is None for error in errors] == [model == "add_sub" and not request_id
+                                                           for model, _, request_id in requests_sent]
+            client.stop_stream()
+        client.close()
+
+    assert requests(server.step(len(REFUSED_GRPC_LINES), over_grpc, select=requests)) == REFUSED_GRPC_LINES
+
+    def level(value: int) -> Callable[[], None]:
+        def set_and_send() -> None:
+            assert send("POST", url + "/v2/logging", json={"log_verbose_level": value}) == 200
+            for _ in range(6):  # a connection each: the workers too
+                assert send("POST", infer, json=body) == 200
+            assert send("POST", infer, content=b"") == 400
+        return set_and_send
+
+    assert requests(server.step(1, level(0), select=requests, quiet=0.5)) == [("I", "HTTP request: 2 /v2/logging")]
+    assert requests(server.step(8, level(1), select=requests)) == [_INFER] * 6 + REFUSED_HTTP_LINES[3:5]
