@@ -100,10 +100,15 @@ _RESERVED_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "triton_enable_empty_final_response": (("bool_param",), "bool_param"),
 }
 
+#: reserved keys whose int64_param Triton's gRPC front end takes as the uint64 it stands for (two's complement)
+_UNSIGNED_FROM_INT64 = ("sequence_id", "timeout")
+_UINT64_END = 2**64
+
 
 def request_parameters(params) -> dict[str, Any]:
     """A request's ``parameters`` as python values, refused as Triton's gRPC front end refuses them
     (``SetInferenceRequestMetadata``): a reserved key of another kind, a negative priority, a value of no kind.
+    A negative int64 ``sequence_id`` or ``timeout`` is taken as Triton takes it, as a uint64 (-1: 2**64 - 1).
     The values themselves (an unsigned timeout...) and unknown ``triton_`` keys are the engine's to check,
     for both protocols (``core.parameters``). Other keys take any kind with a value (Triton 2.51 refuses
     ``uint64_param`` there; the model is given it here)."""
@@ -116,6 +121,10 @@ def request_parameters(params) -> dict[str, Any]:
                 raise InvalidArgumentError(f"invalid value type for '{key}' parameter, expected {reserved[1]}.")
             if which == "int64_param" and key == "priority" and value.int64_param < 0:
                 raise InvalidArgumentError("invalid value for 'priority', expected value >= 0.")
+            if which == "int64_param" and key in _UNSIGNED_FROM_INT64:
+                # Triton hands the int64 to a uint64 setter (infer_handler.cc): -1 is 2**64 - 1, no refusal
+                out[key] = value.int64_param % _UINT64_END
+                continue
         elif which is None and not key.startswith("triton_"):
             raise InvalidArgumentError(
                 f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param."

@@ -223,6 +223,10 @@ GRPC_RESERVED_WORDS = {
     "sequence_id a boolean": "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.",
 }
 
+#: the cases Triton's gRPC front end serves (an int64 timeout goes to a uint64 as it is: -5 is 2**64 - 5;
+#: recorded in ``grpc/test_triton_differential.py``)
+GRPC_SERVED = ("timeout negative",)
+
 
 def _fp32_stats(server) -> dict:
     return server.client("http").get_inference_statistics("fp32")["model_stats"][0]["inference_stats"]
@@ -239,7 +243,7 @@ def test_http_reserved_parameter_of_the_wrong_type(server, case):
     _assert_still_serving(server)
 
 
-@pytest.mark.parametrize("case", list(RESERVED_CASES))
+@pytest.mark.parametrize("case", [case for case in RESERVED_CASES if case not in GRPC_SERVED])
 def test_grpc_reserved_parameter_of_the_wrong_type(server, case):
     _, parameters, fragment = RESERVED_CASES[case]
     fragment = GRPC_RESERVED_WORDS.get(case, fragment)

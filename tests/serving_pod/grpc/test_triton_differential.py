@@ -12,7 +12,12 @@ Not compared here: what the model's checks refuse (Triton's core, ``[request id:
 a python model's exception carries its
 traceback in Triton; one raw_input_contents entry too many (Triton ignores it, Ferry refuses); request
 parameters of kind uint64 (Triton 2.51 refuses them, Ferry passes them on); classification counts <= 0
-(Triton says "expected >= 0" as it refuses 0, Ferry says "a positive integer").
+(Triton says "expected >= 0" as it refuses 0, Ferry says "a positive integer"); a negative dimension in an
+input's shape (Triton's core reports it as a shape or batch-size mismatch, Ferry names the negative dimension);
+a trace or log setting Triton takes without a word though it changes nothing or wraps (an unknown key, trace level
+'FOO', trace_rate '-1' read as 4294967295, trace_count '1.5' as 1: Ferry refuses them); a CUDA shared memory
+region where no GPU is (Triton: INVALID_ARGUMENT 'invalid args', Ferry: UNIMPLEMENTED with the reason). System
+shared memory keys: ``tests/serving_pod/protocol/test_shared_memory_triton.py``.
 """
 
 from __future__ import annotations
@@ -253,6 +258,14 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "a parameter of no kind": (_unary(_unset(_echo(), "custom")), (
         "INVALID_ARGUMENT", "invalid value type for 'custom' parameter, expected int64_param, bool_param, or "
                             "string_param.")),
+    # sequence_id and timeout of kind int64 go to Triton's uint64 setters as they are: a negative one wraps
+    # (-1 is 2**64 - 1, an unbounded timeout), nothing is refused (recorded live, infer_handler.cc)
+    "a negative timeout": (_seen(_echo(timeout=("int64_param", -1))), ("OK", {}, "0", "18446744073709551615")),
+    "the least timeout": (_seen(_echo(timeout=("int64_param", -2**63))), ("OK", {}, "0", "9223372036854775808")),
+    "a negative sequence_id": (_seen(_echo(sequence_id=("int64_param", -1))),
+                               ("OK", {}, "18446744073709551615", "0")),
+    "a negative timeout served": (_unary(_request(params={"timeout": ("int64_param", -1)})),
+                                  ("OK", _sum_and_difference())),
     "parameters the model sees": (_seen(_echo(b=("bool_param", True), i=("int64_param", -5),
                                               s=("string_param", "text"), d=("double_param", 1.5),
                                               sequence_id=("int64_param", 7), timeout=("int64_param", 1000))),
