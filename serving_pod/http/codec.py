@@ -9,13 +9,15 @@ Which outputs are binary follows tritonserver 2.51: a request that lists its ``o
 those whose own ``binary_data`` parameter is true, whatever the request's ``binary_data_output``; that one
 counts only for a request listing none (no ``outputs``, or an empty list, which asks for every output). An output
 listed twice is decided by its first entry (binary data, classification, shared memory), as tritonserver emplaces
-each entry into its map; a later entry's classification is still checked.
+each entry into its map; a later entry's classification is still checked. NaN and infinite float elements are
+written as tritonserver writes them, ``NaN`` / ``Infinity`` / ``-Infinity`` (``_non_finite_data``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 from typing import Any
 
 import numpy as np
@@ -304,6 +306,8 @@ def encode_infer_response(
             raw = datatypes.to_raw(tensor.datatype, tensor.data)
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
             chunks.append(raw)
+        elif tensor.data.dtype.kind == "f" and not np.isfinite(tensor.data).all():
+            entry["data"] = _non_finite_data(json_data(tensor))
         else:
             entry["data"] = json_data(tensor)
         outputs_json.append(entry)
@@ -318,6 +322,19 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def _non_finite_data(values: list[float]) -> orjson.Fragment:
+    """Float elements as tritonserver's JSON writer puts them: NaN and the infinities as the tokens ``NaN``,
+    ``Infinity`` and ``-Infinity``. Not JSON, but what tritonclient (python-rapidjson) and Python's ``json`` read
+    back as those values; orjson's ``null`` came back from tritonclient as NaN, an infinity included."""
+    pieces = orjson.dumps(values).split(b"null")  # a number never contains "null": one per value not finite
+    tokens = [b"NaN" if value != value else b"Infinity" if value > 0 else b"-Infinity"
+              for value in values if not math.isfinite(value)]
+    joined = [pieces[0]]
+    for token, piece in zip(tokens, pieces[1:]):
+        joined += [token, piece]
+    return orjson.Fragment(b"".join(joined))
 
 
 def json_data(tensor: Tensor) -> list:

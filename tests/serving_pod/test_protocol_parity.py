@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -141,6 +142,23 @@ def test_http_json_tensors_both_ways(server, datatype):
         assert [x.decode() if isinstance(x, bytes) else x for x in out.flat] == list(array.flat)
     else:
         np.testing.assert_array_equal(out, array)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_http_json_outputs_keep_nan_and_infinities(server, datatype):
+    """Non-finite floats in a JSON output are written as Triton 2.51 writes them (recorded live from a python model:
+    ``"data":[NaN,Infinity,-Infinity,1e300]``), tokens tritonclient reads back as those values; Ferry wrote
+    ``null``, which tritonclient read as NaN, the infinities included."""
+    array = np.array([[np.nan, np.inf, -np.inf, 1.5]], dtype=DATATYPES[datatype][1].dtype)
+    client, module = server.client("http"), server.module("http")
+    tensor = module.InferInput("INPUT0", list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=True)
+    outputs = [module.InferRequestedOutput("OUTPUT0", binary_data=False)]
+    result = client.infer(f"id_{datatype.lower()}", [tensor], outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array)
+    body = httpx.post(f"http://{server.http_url}/v2/models/id_{datatype.lower()}/infer", timeout=30, json={
+        "inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+    assert b"null" not in body.content and body.json()["outputs"][0]["data"] == [1, 2, 3, 4]  # finite: plain JSON
 
 
 def test_http_json_refuses_fp16(server):
