@@ -89,6 +89,14 @@ class TritonPythonModel:
     def execute(self, requests):
         return []
 '''
+FAILING_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise RuntimeError("boom in execute")
+'''
 BAD_CONFIG = 'name: "badcfg"\nbackend: "python"\nmax_batch_size: 8\ninput [ { name: "X" data_type: TYPE_BOGUS dims: [1] } ]\n'
 
 #: the lifecycle lines compared (module docstring); other entries are not
@@ -561,6 +569,7 @@ REFUSED_HTTP_LINES = [
                   "inputs for model 'add_sub'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. "
                   "Please provide all required input(s)."),
     ("I", "HTTP request: 0 /v2/models/add_sub/config"),  # a restricted API without its header: 403
+    ("I", "HTTP request: 2 /v2/models/fails/infer"),  # the model's execute raised: no Infer failed line
 ]
 #: Ferry's own refusal of a body over --http-max-input-size (tritonserver 2.51 has no such limit): its request line
 #: only, whichever path read it (a plain content-length, a chunked body, the ASGI path a query takes)
@@ -572,6 +581,7 @@ REFUSED_GRPC_LINES = [
     ("I", "[request id: <id_unknown>] Infer failed: Request for unknown model: 'nothere' is not found"),
     ("I", "Process for ModelInferHandler, rpc_ok=1, 0 step START"),
     ("I", f"[request id: g1] Infer failed: [request id: g1] {_SHAPE}"),
+    ("I", "Process for ModelInferHandler, rpc_ok=1, 0 step START"),  # the model's execute raised
     ("I", "Process for ServerLive, rpc_ok=1, 0 step START"),
     ("I", "Process for ServerLive, rpc_ok=1, 1 step START"),
     ("I", "Process for Logging, rpc_ok=1, 0 step START"),
@@ -579,7 +589,7 @@ REFUSED_GRPC_LINES = [
     ("I", "Process for ModelStreamInferHandler, rpc_ok=1, context 0, 0 step START"),
     ("I", "Process for ModelStreamInferHandler, rpc_ok=1, context 0, 0 step START"),
     ("I", "[request id: <id_unknown>] Infer failed: Request for unknown model: 'nothere' is not found"),
-    ("I", f"[request id: s1] Infer failed: [request id: s1] {_SHAPE}"),
+    ("I", f"[request id: s1] Infer failed: [request id: s1] {_SHAPE}"),  # not for the stream's 'fails' request
 ]
 #: the front ends: Ferry's default ones, Ferry's protocol workers with its grpc.aio front end, Triton
 FRONT_ENDS = [pytest.param("ferry", (), id="ferry"),
@@ -608,10 +618,12 @@ def test_verbose_lines_of_refused_requests(kind: str, flags: tuple[str, ...], tm
     from protocol worker processes and the grpc.aio front end, which follow a verbose level changed at run time."""
     repo = tmp_path / "refused"
     write_model(repo, "add_sub", ADD_SUB_CONFIG, {"1/model.py": ADD_SUB_MODEL})
+    write_model(repo, "fails", ADD_SUB_CONFIG.replace('"add_sub"', '"fails"'), {"1/model.py": FAILING_MODEL})
     limit = ("--http-max-input-size=4096",) if kind == "ferry" else ()
-    server = start(kind, repo, "--model-control-mode=explicit", "--load-model=add_sub", "--log-verbose=1", *limit,
+    server = start(kind, repo, "--model-control-mode=explicit", "--load-model=add_sub", "--load-model=fails",
+                   "--log-verbose=1", *limit,
                    "--http-restricted-api=model-config:k=v", "--grpc-restricted-protocol=model-config:k=v", *flags)
-    server.step(len(LOADS_ENSEMBLE[:2]) + len(STARTED))
+    server.step(2 * len(LOADS_ENSEMBLE[:2]) + len(STARTED))
     url = f"http://127.0.0.1:{server.http}"
     infer = url + "/v2/models/add_sub/infer"
     body = {"inputs": [{"name": n, "shape": [1, 4], "datatype": "INT32", "data": [1, 2, 3, 4]}
@@ -631,6 +643,7 @@ def test_verbose_lines_of_refused_requests(kind: str, flags: tuple[str, ...], tm
         assert send("POST", infer, json=_bad_shape("r1")) == 400
         assert send("POST", infer, json={"inputs": body["inputs"][:1]}) == 400
         assert send("GET", url + "/v2/models/add_sub/config") == 403
+        assert send("POST", url + "/v2/models/fails/infer", json=body) == 500
         if kind == "ferry":  # TOO_LARGE_LINES
             big = b"{" + b" " * 5000 + b"}"
             assert send("POST", infer, content=big) == 400
@@ -651,13 +664,17 @@ def test_verbose_lines_of_refused_requests(kind: str, flags: tuple[str, ...], tm
                for n in ("INPUT0", "INPUT1")]
         with pytest.raises(Exception, match="unexpected shape"):
             client.infer("add_sub", bad, request_id="g1")
+        with pytest.raises(Exception, match="boom in execute"):
+            client.infer("fails", _inputs(), request_id="g2")
         client.is_server_live()
         client.is_server_live()
         client.get_log_settings()
         with pytest.raises(Exception, match="This protocol is restricted"):
             client.get_model_config("add_sub")
         answers: queue.Queue = queue.Queue()
-        for requests_sent in ([("add_sub", _inputs(), "")], [("nothere", _inputs(), ""), ("add_sub", bad, "s1")]):
+        streams = ([("add_sub", _inputs(), "")],
+                   [("nothere", _inputs(), ""), ("add_sub", bad, "s1"), ("fails", _inputs(), "s2")])
+        for requests_sent in streams:
             client.start_stream(callback=lambda result, error: answers.put((result, error)))
             for model, inputs, request_id in requests_sent:
                 client.async_stream_infer(model, inputs, request_id=request_id)
