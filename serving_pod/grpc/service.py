@@ -57,6 +57,13 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServerError) -> None:
     await context.abort(grpc_code(error), error.message)
 
 
+async def _refuse_repository_name(request: Any, context: grpc.aio.ServicerContext) -> None:
+    """Triton serves one merged repository: an index, load or unload naming one is refused before anything else
+    is read (grpc_server.cc), not served from the merged one."""
+    if request.repository_name:
+        await _abort(context, UnsupportedError("'repository_name' specification is not supported"))
+
+
 #: ``ModelInfer`` of a decoupled model, in Triton's gRPC words (its HTTP front end has its own)
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 #: client metadata that turns a stream's response errors into the stream's status (Triton's ``triton_grpc_error``)
@@ -339,14 +346,14 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
                 task.cancel()
 
     async def RepositoryIndex(self, request, context):
-        if request.repository_name:  # Triton serves one merged index: naming a repository is refused, not ignored
-            await _abort(context, UnsupportedError("'repository_name' specification is not supported"))
+        await _refuse_repository_name(request, context)
         rows = self.engine.repository_index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
         )
 
     async def RepositoryModelLoad(self, request, context):
+        await _refuse_repository_name(request, context)
         try:
             config, files = _load_parameters(request.parameters)
             await self.engine.load_model(request.model_name, config, files)
@@ -355,6 +362,7 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
+        await _refuse_repository_name(request, context)
         try:
             dependents = False
             if "unload_dependents" in request.parameters:

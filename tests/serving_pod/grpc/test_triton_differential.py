@@ -125,13 +125,18 @@ def _negative() -> Any:
 
 # --- running them ---------------------------------------------------------------------------------------------
 
-def _unary(message: Any) -> Callable[[Any], Any]:
+def _rpc(method: str, message: Any) -> Callable[[Any], Any]:
+    """Any unary RPC: ("OK", the response as a dict) or (code, details)."""
     def run(stub: Any) -> Any:
         try:
-            return "OK", json_format.MessageToDict(stub.ModelInfer(message, timeout=60))
+            return "OK", json_format.MessageToDict(getattr(stub, method)(message, timeout=60))
         except grpc.RpcError as error:
             return error.code().name, error.details()
     return run
+
+
+def _unary(message: Any) -> Callable[[Any], Any]:
+    return _rpc("ModelInfer", message)
 
 
 def _stream(*messages: Any, metadata: tuple = ()) -> Callable[[Any], Any]:
@@ -156,6 +161,13 @@ def _seen(message: Any) -> Callable[[Any], Any]:
         seen = deserialize_bytes_tensor(base64.b64decode(answer["rawOutputContents"][0]))
         return code, json.loads(seen[0]), seen[1].decode(), seen[2].decode()
     return run
+
+
+def _load(model: str, repository: str = "", **params: str) -> Any:
+    message = pb.RepositoryModelLoadRequest(model_name=model, repository_name=repository)
+    for key, value in params.items():
+        message.parameters[key].string_param = value
+    return message
 
 
 def _server_metadata(stub: Any) -> Any:
@@ -312,6 +324,20 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
         _counted("AAAAAA=="), ("end", "INTERNAL", "an error between two responses")]),
     "triton_grpc_error: an unknown model": (_stream(_request("nope", request_id="1"), metadata=GRPC_ERROR), [
         {"errorMessage": UNKNOWN, "inferResponse": {"id": "1"}}, ("end", "OK")]),
+    # model control naming a repository: Triton serves one merged repository and refuses the name before reading
+    # anything else (recorded live, grpc_server.cc); the model stays as it was
+    "load naming a repository": (_rpc("RepositoryModelLoad", _load("add_sub_py", "models")), (
+        "UNIMPLEMENTED", "'repository_name' specification is not supported")),
+    "load naming a repository, a bad config": (
+        _rpc("RepositoryModelLoad", _load("add_sub_py", "models", config="{")), (
+            "UNIMPLEMENTED", "'repository_name' specification is not supported")),
+    "load of an unknown model naming a repository": (_rpc("RepositoryModelLoad", _load("nope", "models")), (
+        "UNIMPLEMENTED", "'repository_name' specification is not supported")),
+    "unload naming a repository": (
+        _rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="add_sub_py",
+                                                                      repository_name="models")), (
+            "UNIMPLEMENTED", "'repository_name' specification is not supported")),
+    "still served after model control naming a repository": (_unary(_request()), ("OK", _sum_and_difference())),
     "server metadata": (_server_metadata, {
         "name": "triton", "version": "2.51.0",
         "extensions": ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
@@ -360,6 +386,7 @@ def test_ferry_answers_as_triton(ferry_port: int, case: str) -> None:
 TRITON_CRASHES = ("triton_grpc_error: an error response between two",)
 
 
+@pytest.mark.slow  # a live Triton
 def test_triton_answers_as_recorded(repository: Path) -> None:
     """Triton 2.51 also dies, rarely, on the way through the other cases (streams that end on an error): a run
     after which it is gone is made again, on a new Triton, up to three times."""
