@@ -11,6 +11,7 @@ type); errors found while parsing the body, validating the request or queuing it
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import orjson
@@ -107,17 +108,31 @@ def text_response(status: int, body: bytes = b"", headers: dict[str, str] | None
 
 def parse_json(raw: bytes | memoryview) -> Any:
     """A request body's JSON document, read as tritonserver reads it: one UTF-8 byte order mark before it is
-    skipped (rapidjson's reader does; orjson refuses it). InvalidArgumentError in Triton's words if it is not JSON."""
+    skipped, and the tokens ``NaN``, ``Infinity`` and ``-Infinity`` are numbers (rapidjson's reader takes both;
+    tritonclient writes those tokens for such floats; orjson refuses both). InvalidArgumentError in Triton's
+    words if it is not JSON."""
+    if bytes(raw[:3]) == BOM:
+        raw = raw[3:]
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         error = exc
-    if bytes(raw[:3]) == BOM:
-        try:
-            return orjson.loads(raw[3:])
-        except orjson.JSONDecodeError as exc:
-            error = exc
+    if b"NaN" in raw or b"Infinity" in raw:
+        document = _with_non_finite(bytes(raw))
+        if document is not None:
+            return document
     raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}")
+
+
+def _with_non_finite(raw: bytes) -> Any:
+    """``raw`` read by Python's ``json``, which takes the non-finite tokens; None where it is not JSON or holds
+    what orjson refuses besides them (a lone surrogate, an integer past 64 bits: checked by writing it again)."""
+    try:
+        document = json.loads(raw)
+        orjson.dumps(document)
+    except (ValueError, TypeError, orjson.JSONEncodeError):
+        return None
+    return document
 
 
 async def json_body(request: Request) -> dict[str, Any]:

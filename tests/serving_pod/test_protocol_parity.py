@@ -145,14 +145,16 @@ def test_http_json_tensors_both_ways(server, datatype):
 
 
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
-def test_http_json_outputs_keep_nan_and_infinities(server, datatype):
+@pytest.mark.parametrize("binary_input", [True, False])
+def test_http_json_outputs_keep_nan_and_infinities(server, datatype, binary_input):
     """Non-finite floats in a JSON output are written as Triton 2.51 writes them (recorded live from a python model:
     ``"data":[NaN,Infinity,-Infinity,1e300]``), tokens tritonclient reads back as those values; Ferry wrote
-    ``null``, which tritonclient read as NaN, the infinities included."""
+    ``null``, which tritonclient read as NaN, the infinities included. tritonclient writes such JSON inputs with
+    the same tokens, which Triton reads (recorded live) and Ferry refused as not JSON (400)."""
     array = np.array([[np.nan, np.inf, -np.inf, 1.5]], dtype=DATATYPES[datatype][1].dtype)
     client, module = server.client("http"), server.module("http")
     tensor = module.InferInput("INPUT0", list(array.shape), datatype)
-    tensor.set_data_from_numpy(array, binary_data=True)
+    tensor.set_data_from_numpy(array, binary_data=binary_input)
     outputs = [module.InferRequestedOutput("OUTPUT0", binary_data=False)]
     result = client.infer(f"id_{datatype.lower()}", [tensor], outputs=outputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array)
