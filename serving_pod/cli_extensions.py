@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, GrpcKeepalive, TlsOptions
-from serving_pod.security import parse_restrictions
+from serving_pod.security import GRPC_HEADER_PREFIX, parse_restrictions
 from serving_pod.trace import parse_trace_config
 
 
@@ -165,7 +165,8 @@ def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[di
     try:
         trace = parse_trace_config(legacy + [_trace_mode_lowered(setting) for setting in args.trace_config])
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
-        grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
+        grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
+                                               GRPC_HEADER_PREFIX)
     except ValueError as exc:
         parser.error(str(exc))
     except Exception as exc:  # ServerError from the shared trace-setting validation

@@ -36,8 +36,14 @@ class Restriction:
     value: str
 
 
-def parse_restrictions(values: list[str] | tuple[str, ...], flag: str) -> dict[str, Restriction]:
-    """Flag values -> ``{group: Restriction}``; ValueError with a clear message on bad input."""
+#: what tritonserver puts before the key of ``--grpc-restricted-protocol``: the metadata key a client must send
+#: (``kRestrictedProtocolHeaderTemplate``, grpc_server.h); ``--http-restricted-api`` keys are used as given
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+
+def parse_restrictions(values: list[str] | tuple[str, ...], flag: str, prefix: str = "") -> dict[str, Restriction]:
+    """Flag values -> ``{group: Restriction}`` whose header is ``prefix`` + the flag's key; ValueError with a clear
+    message on bad input."""
     out: dict[str, Restriction] = {}
     for raw in values:
         groups, sep, pair = raw.rpartition(":")
@@ -49,7 +55,7 @@ def parse_restrictions(values: list[str] | tuple[str, ...], flag: str) -> dict[s
                 raise ValueError(f"invalid {flag} '{raw}': unknown group '{group}' (one of {', '.join(GROUPS)})")
             if group in out:
                 raise ValueError(f"invalid {flag}: group '{group}' is restricted more than once")
-            out[group] = Restriction(header.strip().lower(), value)
+            out[group] = Restriction(prefix + header.strip().lower(), value)
     return out
 
 

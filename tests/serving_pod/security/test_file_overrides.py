@@ -31,7 +31,8 @@ def server(threaded_server, tmp_path):
 
 
 def _tmp_snapshot() -> set[str]:
-    return set(os.listdir(tempfile.gettempdir()))
+    """Ferry's override directories in the temp folder (other processes' files there are not this test's)."""
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("ferry-override-")}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

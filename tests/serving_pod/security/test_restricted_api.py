@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from serving_pod.security import grpc_group, http_group, parse_restrictions
+from serving_pod.security import GRPC_HEADER_PREFIX, grpc_group, http_group, parse_restrictions
 from support.server import test_model_config, write_model
 
 RULES = ["model-repository,logging:admin-key=s3cret", "inference:infer-key=abc"]
@@ -22,7 +22,7 @@ def server(threaded_server, tmp_path):
         model_control_mode="explicit",
         load_models=("idt",),
         http_restrictions=parse_restrictions(RULES, "--http-restricted-api"),
-        grpc_restrictions=parse_restrictions(RULES, "--grpc-restricted-protocol"),
+        grpc_restrictions=parse_restrictions(RULES, "--grpc-restricted-protocol", GRPC_HEADER_PREFIX),
     )
 
 
@@ -35,21 +35,29 @@ def _infer(server, protocol, headers=None):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_restricted_groups_need_their_header(server, protocol):
+    """Over gRPC the metadata key is the flag's key after tritonserver's ``triton-grpc-protocol-`` (Triton 2.51
+    answers "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"); the bare key, which
+    Ferry took before, is refused like no header."""
     client = server.client(protocol)
-    expected = ("This API is restricted, expecting header 'admin-key'" if protocol == "http"
-                else "This protocol is restricted, expecting header 'admin-key'")
+    prefix = "" if protocol == "http" else "triton-grpc-protocol-"
+    admin, infer = prefix + "admin-key", prefix + "infer-key"
+    expected = (f"This API is restricted, expecting header '{admin}'" if protocol == "http"
+                else f"This protocol is restricted, expecting header '{admin}'")
     with pytest.raises(InferenceServerException, match=expected):
         client.unload_model("idt")
     with pytest.raises(InferenceServerException, match=expected):
-        client.unload_model("idt", headers={"admin-key": "wrong"})
-    with pytest.raises(InferenceServerException, match="expecting header 'admin-key'"):
+        client.unload_model("idt", headers={admin: "wrong"})
+    if protocol == "grpc":
+        with pytest.raises(InferenceServerException, match=expected):
+            client.unload_model("idt", headers={"admin-key": "s3cret"})
+    with pytest.raises(InferenceServerException, match=f"expecting header '{admin}'"):
         client.get_log_settings()
-    with pytest.raises(InferenceServerException, match="expecting header 'infer-key'"):
+    with pytest.raises(InferenceServerException, match=f"expecting header '{infer}'"):
         _infer(server, protocol)
     # unrestricted groups and correct headers pass
     assert client.is_server_live() and client.get_model_metadata("idt")
-    _infer(server, protocol, headers={"infer-key": "abc"})
-    client.get_log_settings(headers={"admin-key": "s3cret"})
+    _infer(server, protocol, headers={infer: "abc"})
+    client.get_log_settings(headers={admin: "s3cret"})
     assert server.engine.model_ready("idt")  # refused unloads did nothing
 
 

@@ -30,7 +30,9 @@ def test_flags_map_tocli_options(tmp_path):
     )
     assert options.engine.allow_client_shm is True
     assert options.http_restrictions == {"shared-memory": Restriction("k", "v")}
-    assert set(options.grpc_restrictions) == {"health", "inference"}
+    # tritonserver puts "triton-grpc-protocol-" before a --grpc-restricted-protocol key (grpc_server.h): the
+    # metadata key a client sends; --http-restricted-api keys are the header as given
+    assert options.grpc_restrictions == {g: Restriction("triton-grpc-protocol-h", "1") for g in ("health", "inference")}
     trace = options.engine.trace
     assert (trace.level, trace.rate, trace.count, trace.file) == (("TIMESTAMPS",), 10, 5, "/tmp/t.json")
     assert options.log_file == "/tmp/ferry.log"
