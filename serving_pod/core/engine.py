@@ -506,12 +506,18 @@ class Engine:
     ) -> None:
         self._check_explicit()
         if files:
-            from serving_pod.repository.overrides import discard_override, materialize_override
+            from serving_pod.core.load_errors import PollFailed
+            from serving_pod.repository.overrides import discard_override, materialize_override, safe_relative
 
+            # refused where Triton 2.51 refuses them, at its repository poll (INTERNAL, its words), Ferry's reason
+            # after them; Triton writes an absolute path inside the model directory, Ferry refuses it there too
             if config is None:
-                raise InvalidArgumentError(
-                    f"failed to load '{name}': a 'config' parameter is required with file overrides"
-                )
+                raise PollFailed(name, "a 'config' parameter is required with file overrides")
+            try:
+                for path in files:
+                    safe_relative(path)
+            except InvalidArgumentError as error:
+                raise PollFailed(name, str(error)) from None
             directory = materialize_override(name, files)
             try:
                 await self.registry.load(name, config_override=config, model_dir=directory)

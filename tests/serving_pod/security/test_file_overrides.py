@@ -52,8 +52,12 @@ def test_override_loads_inside_a_fresh_directory(server, protocol):
 def test_paths_leaving_the_model_directory_are_refused(server, tmp_path, protocol, path):
     before = _tmp_snapshot()
     client = server.client(protocol)
-    with pytest.raises(InferenceServerException, match="invalid file override"):
+    with pytest.raises(InferenceServerException, match="invalid file override") as info:
         client.load_model("ov", config=CONFIG, files={f"file:{path}": b"pwned"})
+    # Triton 2.51's code and words (recorded live for 'file:../evil.py': it refuses such a path at its repository
+    # poll), Ferry's reason after them
+    assert str(info.value.status()) == {"http": "500", "grpc": "StatusCode.INTERNAL"}[protocol]
+    assert info.value.message().startswith("failed to load 'ov', failed to poll from model repository: ")
     assert not os.path.exists("/tmp/ferry_abs_escape.txt")
     assert not list(Path(tempfile.gettempdir()).glob("escaped.txt"))
     assert _tmp_snapshot() - before == set()  # nothing left behind, not even the temp dir
@@ -61,10 +65,17 @@ def test_paths_leaving_the_model_directory_are_refused(server, tmp_path, protoco
     assert server.engine.model_ready("idt")  # the server keeps serving
 
 
-def test_override_without_config_creates_nothing(server):
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_override_without_config_creates_nothing(server, protocol):
+    """Files without a config get Triton 2.51's poll failure (recorded live: INTERNAL 'failed to load ..., failed to
+    poll from model repository'), Ferry's reason after it; nothing is written."""
     before = _tmp_snapshot()
-    with pytest.raises(InferenceServerException, match="'config' parameter is required"):
-        server.client("http").load_model("ov", files={"file:1/x": b"x"})
+    with pytest.raises(InferenceServerException) as info:
+        server.client(protocol).load_model("ov", files={"file:1/x": b"x"})
+    assert (str(info.value.status()), info.value.message()) == (
+        {"http": "500", "grpc": "StatusCode.INTERNAL"}[protocol],
+        "failed to load 'ov', failed to poll from model repository: a 'config' parameter is required with file "
+        "overrides")
     assert _tmp_snapshot() - before == set()
 
 
