@@ -19,6 +19,7 @@ from serving_pod.core import datatypes
 from serving_pod.core.errors import InternalError, InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.grpc import templates
+from serving_pod.grpc.unparsable import UNPARSABLE_REQUEST
 
 _CONTENT_FIELDS = {
     "BOOL": "bool_contents",
@@ -273,14 +274,14 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
 def decode_serialized(body: bytes) -> InferRequest:
     """A serialized ``ModelInferRequest`` -> ``InferRequest``: from a template when one fits (``templates``),
     else parsed, decoded and offered to the templates. A message protobuf cannot parse is an ``InternalError``
-    ("Failed to parse the request", as grpcio reports it)."""
+    in Triton's words (``unparsable.UNPARSABLE_REQUEST``)."""
     request = templates.lookup(body)
     if request is not None:
         return request
     try:
         message = pb.ModelInferRequest.FromString(body)
     except DecodeError as error:
-        raise InternalError(f"Failed to parse the request: {error}") from None
+        raise InternalError(UNPARSABLE_REQUEST) from None
     request = decode_infer_request(message)
     if not any(tensor.defect for tensor in request.inputs):  # a refused one is not kept
         templates.learn(body, message, request)

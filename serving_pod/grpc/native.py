@@ -28,6 +28,7 @@ from serving_pod import logging_settings
 from serving_pod.grpc import h2
 from serving_pod.grpc.context import Context
 from serving_pod.grpc.hpack_blocks import encode_headers
+from serving_pod.grpc.unparsable import UNPARSABLE_REQUEST
 from serving_pod.grpc.verbose import RpcLog
 from serving_pod.grpc.wire import (
     ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
@@ -255,8 +256,8 @@ class GrpcConnection:
                 return
             try:
                 request = parse(message)
-            except Exception as error:  # noqa: BLE001 - a malformed protobuf, as a unary request's
-                raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to parse the request: {error}") from None
+            except Exception:  # noqa: BLE001 - a malformed protobuf, as a unary request's
+                raise RpcError(grpc.StatusCode.INTERNAL, UNPARSABLE_REQUEST) from None
             yield request
 
     async def _run(self, call: Call, message: bytes | None) -> None:
@@ -267,8 +268,8 @@ class GrpcConnection:
             if message is not None:
                 try:
                     request: Any = method.parse(message)
-                except Exception as error:  # noqa: BLE001 - a malformed protobuf
-                    raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to parse the request: {error}") from None
+                except Exception:  # noqa: BLE001 - a malformed protobuf
+                    raise RpcError(grpc.StatusCode.INTERNAL, UNPARSABLE_REQUEST) from None
             else:
                 request = self._requests(call)
             if deadline is None:

@@ -38,6 +38,7 @@ from serving_pod.core.types import InferRequest
 from serving_pod.grpc.codec import decode_infer_request, decode_serialized, encode_infer_response, encode_serialized
 from serving_pod.grpc.extensions import ExtensionsMixin
 from serving_pod.grpc.h2 import MAX_CONCURRENT_STREAMS
+from serving_pod.grpc.unparsable import UnparsableRequests
 from serving_pod.grpc.verbose import RpcLog, logged_servicer
 from serving_pod.grpc.wire import takes_serialized
 from serving_pod.trace import Frontend
@@ -481,7 +482,7 @@ def create_server(
             options.append(("grpc.max_connection_age_grace_ms", keepalive.max_connection_age_grace_ms))
     if response_compression != "none":
         options.append(("grpc.default_compression_level", {"low": 1, "med": 2, "high": 3}[response_compression]))
-    interceptors = []
+    interceptors: list[grpc.aio.ServerInterceptor] = [UnparsableRequests()]
     rpc_log = RpcLog()
     if restrictions:
         from serving_pod.security import RestrictedGrpc

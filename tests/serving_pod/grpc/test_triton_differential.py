@@ -170,6 +170,17 @@ def _load(model: str, repository: str = "", **params: str) -> Any:
     return message
 
 
+def _garbage(method: str) -> Callable[[Any], Any]:
+    """``method`` called with bytes no protobuf message parses from: (code, details)."""
+    def run(stub: Any) -> Any:
+        call = stub.channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        try:
+            return "OK", call(b"\xff\xff\xff", timeout=60)
+        except grpc.RpcError as error:
+            return error.code().name, error.details()
+    return run
+
+
 def _server_metadata(stub: Any) -> Any:
     try:
         return json_format.MessageToDict(stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=60))
@@ -338,6 +349,9 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
                                                                       repository_name="models")), (
             "UNIMPLEMENTED", "'repository_name' specification is not supported")),
     "still served after model control naming a repository": (_unary(_request()), ("OK", _sum_and_difference())),
+    # a message that does not parse: grpc++'s status (Triton 2.51, recorded live)
+    "ModelInfer: a message that does not parse": (_garbage("ModelInfer"), ("INTERNAL", "Unable to parse request")),
+    "ServerLive: a message that does not parse": (_garbage("ServerLive"), ("INTERNAL", "Unable to parse request")),
     "server metadata": (_server_metadata, {
         "name": "triton", "version": "2.51.0",
         "extensions": ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
@@ -357,6 +371,7 @@ def _live(port: int) -> bool:
 def _answers(port: int, names: list[str]) -> dict[str, Any]:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.channel = channel  # for the cases that send what no stub sends (_garbage)
         return {name: CASES[name][0](stub) for name in names}
 
 
@@ -379,6 +394,22 @@ def ferry_port(request, repository):
 @pytest.mark.parametrize("case", list(CASES))
 def test_ferry_answers_as_triton(ferry_port: int, case: str) -> None:
     assert _answers(ferry_port, [case])[case] == CASES[case][1]
+
+
+def test_a_stream_ends_at_a_message_that_does_not_parse(ferry_port: int) -> None:
+    """A stream's requests before a message that does not parse are answered; the stream then ends with
+    INTERNAL 'Unable to parse request' (Triton's words for it in a unary call). Triton 2.51 (recorded live) ends
+    such a stream with OK and drops the requests after it without a word: Ferry keeps the error on purpose."""
+    good = _request(request_id="1").SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{ferry_port}") as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
+        answers = call(iter([good, b"\xff\xff\xff", good]), timeout=60)
+        assert next(answers).infer_response.id == "1"
+        with pytest.raises(grpc.RpcError) as info:
+            next(answers)
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
+    assert _answers(ferry_port, ["an id echoed"])["an id echoed"] == CASES["an id echoed"][1]  # still serving
 
 
 #: the case after which Triton 2.51 crashes now and then (the stream is finished on the error, the model's next
