@@ -166,7 +166,7 @@ class GrpcConnection:
             return
         method = server.methods.get(path)
         if method is None:
-            self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            self._refuse(stream, grpc.StatusCode.UNIMPLEMENTED, "")  # Triton's (grpc++'s): no details
             return
         if encoding not in (b"identity", b"gzip", b"deflate"):
             # doc/compression.md: UNIMPLEMENTED, naming the supported ones, with grpc-accept-encoding

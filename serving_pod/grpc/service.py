@@ -494,4 +494,18 @@ def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(logged_servicer(HealthService(engine), rpc_log), server)
     for add in extra_services or []:
         add(server)
+    server.add_generic_rpc_handlers((_UnknownMethods(),))
     return server
+
+
+class _UnknownMethods(grpc.GenericRpcHandler):
+    """Any method no service has: UNIMPLEMENTED with no details, as Triton's grpc++ answers (grpc.aio's own
+    answer says 'Method not found!'). Asked last."""
+
+    def service(self, handler_call_details: Any) -> Any:
+        return grpc.stream_stream_rpc_method_handler(_unimplemented)
+
+
+async def _unimplemented(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "")
+    yield  # pragma: no cover - makes this an async generator

@@ -170,10 +170,10 @@ def _load(model: str, repository: str = "", **params: str) -> Any:
     return message
 
 
-def _garbage(method: str) -> Callable[[Any], Any]:
+def _garbage(method: str, service: str = "inference.GRPCInferenceService") -> Callable[[Any], Any]:
     """``method`` called with bytes no protobuf message parses from: (code, details)."""
     def run(stub: Any) -> Any:
-        call = stub.channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        call = stub.channel.unary_unary(f"/{service}/{method}")
         try:
             return "OK", call(b"\xff\xff\xff", timeout=60)
         except grpc.RpcError as error:
@@ -352,6 +352,9 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
     # a message that does not parse: grpc++'s status (Triton 2.51, recorded live)
     "ModelInfer: a message that does not parse": (_garbage("ModelInfer"), ("INTERNAL", "Unable to parse request")),
     "ServerLive: a message that does not parse": (_garbage("ServerLive"), ("INTERNAL", "Unable to parse request")),
+    # a method no service has: grpc++'s status, no details (Triton 2.51, recorded live)
+    "an unknown method": (_garbage("Nope"), ("UNIMPLEMENTED", "")),
+    "an unknown service": (_garbage("Baz", "foo.Bar"), ("UNIMPLEMENTED", "")),
     "server metadata": (_server_metadata, {
         "name": "triton", "version": "2.51.0",
         "extensions": ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
