@@ -558,7 +558,7 @@ class Engine:
     # --- trace and logging extensions --------------------------------------------------------
     def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
         """Current trace settings (global, or of ``model``), after applying ``changes`` if given."""
-        if model and model not in self.registry.entries:
+        if model and not self.registry.is_ready(model, ""):  # Triton asks ModelIsReady: unloaded is unknown
             raise InvalidArgumentError(f"Request for unknown model : {model}")
         if changes:
             return self.tracer.update(model, changes)

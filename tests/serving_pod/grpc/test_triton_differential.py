@@ -47,6 +47,7 @@ F4 = np.arange(4, dtype=np.float32).tobytes()
 
 def _repository(root: Path) -> Path:
     shutil.copytree(DEFAULT_MODELS / "add_sub_py", root / "add_sub_py")
+    shutil.copytree(DEFAULT_MODELS / "double_py", root / "double_py")  # never loaded
     shutil.copytree(PYTHON_MODELS / "py_error_response", root / "py_error_response")
     for name in ("dec_counter", "params_echo"):
         shutil.copytree(DECOUPLED / name, root / name)
@@ -349,6 +350,9 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
                                                                       repository_name="models")), (
             "UNIMPLEMENTED", "'repository_name' specification is not supported")),
     "still served after model control naming a repository": (_unary(_request()), ("OK", _sum_and_difference())),
+    # trace settings of a model the repository holds but that is not loaded: Triton asks whether it is ready
+    "trace settings of a model not loaded": (_rpc("TraceSetting", pb.TraceSettingRequest(model_name="double_py")), (
+        "INVALID_ARGUMENT", "Request for unknown model : double_py")),
     # a message that does not parse: grpc++'s status (Triton 2.51, recorded live)
     "ModelInfer: a message that does not parse": (_garbage("ModelInfer"), ("INTERNAL", "Unable to parse request")),
     "ServerLive: a message that does not parse": (_garbage("ServerLive"), ("INTERNAL", "Unable to parse request")),

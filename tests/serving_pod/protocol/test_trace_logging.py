@@ -329,3 +329,22 @@ def test_cleared_global_trace_setting_returns_to_its_startup_value(server, proto
     assert _settings(client.update_trace_settings(settings={"trace_rate": "7"}), protocol)["trace_rate"] == "7"
     cleared = _settings(client.update_trace_settings(settings={"trace_rate": None}), protocol)
     assert cleared["trace_rate"] == "1000"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trace_settings_of_a_model_not_loaded_are_refused(threaded_server, tmp_path, protocol):
+    """A model the repository holds that is not loaded, or was unloaded, gets Triton 2.51's refusal of an unknown
+    model (400 / INVALID_ARGUMENT 'Request for unknown model : <m>': it asks whether the model is ready; recorded
+    live over gRPC); Ferry answered the settings of any model it had ever seen."""
+    repo = tmp_path / "repo"
+    write_model(repo, "idt", test_model_config("idt"))
+    write_model(repo, "other", test_model_config("other"))
+    server = threaded_server([repo], model_control_mode="explicit", load_models=("idt",))
+    client = server.client(protocol)
+    assert client.get_trace_settings(model_name="idt")  # a loaded model: its settings
+    client.unload_model("idt")
+    for model in ("other", "idt"):
+        with pytest.raises(InferenceServerException) as info:
+            client.get_trace_settings(model_name=model)
+        assert (str(info.value.status()), info.value.message()) == (
+            {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}[protocol], f"Request for unknown model : {model}")
