@@ -261,8 +261,8 @@ class SharedMemoryManager:
 def placement_of(params: dict[str, Any], what: str) -> Placement:
     """The validated ``shared_memory_*`` parameters of a tensor (byte size required, offset default 0)."""
     region = params.get("shared_memory_region")
-    if not isinstance(region, str) or not region:
-        raise InvalidArgumentError(f"{what}: 'shared_memory_region' must be a non-empty string")
+    if not isinstance(region, str):  # '' is a name like any other: no region has it (Triton: not found)
+        raise InvalidArgumentError(f"{what}: 'shared_memory_region' must be a string")
     if "shared_memory_byte_size" not in params:
         raise InvalidArgumentError(f"{what}: 'shared_memory_byte_size' is required with 'shared_memory_region'")
     values = (params.get("shared_memory_offset", 0), params["shared_memory_byte_size"])

@@ -86,6 +86,14 @@ def _shared_memory(message: Any, index: int, *, byte_size: bool = True, output: 
     return message
 
 
+def _with_region(message: Any, region: str, *, output: bool = False) -> Any:
+    """``message`` with its first input (or a requested OUTPUT0) in ``region``, 16 bytes."""
+    message = _shared_memory(message, 0, output=output)
+    tensor = message.outputs[0] if output else message.inputs[0]
+    tensor.parameters["shared_memory_region"].string_param = region
+    return message
+
+
 def _output(message: Any, **params: tuple[str, Any]) -> Any:
     output = message.outputs.add(name="OUTPUT0")
     for key, (kind, value) in params.items():
@@ -239,6 +247,10 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
                                 "for model 'add_sub_py'")),
     "a region on one input, raw data on the other": (_unary(_shared_memory(_request(raw=(F4,)), 0)),
                                                      ("NOT_FOUND", "Unable to find shared memory region: 'nope'")),
+    "an input region named ''": (_unary(_with_region(_request(raw=(F4,)), "")),
+                                  ("NOT_FOUND", "Unable to find shared memory region: ''")),
+    "an output region named ''": (_unary(_with_region(_request(), "", output=True)),
+                                   ("NOT_FOUND", "Unable to find shared memory region: ''")),
     "an output region without its size": (_unary(_shared_memory(_request(), 0, byte_size=False, output=True)), (
         "INVALID_ARGUMENT", "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
                             "parameter for tensor 'OUTPUT0'")),

@@ -303,3 +303,24 @@ def test_grpc_output_in_shared_memory_ignores_binary_data(server, regions):
         assert "can't set both 'shared_memory_region' and 'binary_data'" in response.json()["error"]
     finally:
         client.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("side", ["input", "output"])
+def test_a_region_named_empty_is_not_found(server, protocol, side):
+    """An input or output placed in the region '' gets Triton 2.51's answer for any region not registered (404 /
+    NOT_FOUND "Unable to find shared memory region: ''", recorded live over both protocols); Ferry refused the
+    name itself with 400 / INVALID_ARGUMENT."""
+    module = server.module(protocol)
+    infer_input = module.InferInput("INPUT0", [1, 16], "INT32")
+    outputs = None
+    if side == "input":
+        infer_input.set_shared_memory("", 64)
+    else:
+        infer_input.set_data_from_numpy(np.zeros((1, 16), np.int32))
+        outputs = [module.InferRequestedOutput("OUTPUT0")]
+        outputs[0].set_shared_memory("", 64)
+    with pytest.raises(InferenceServerException) as info:
+        server.client(protocol).infer("idt_int", [infer_input], outputs=outputs)
+    assert (str(info.value.status()), info.value.message()) == (
+        {"http": "404", "grpc": "StatusCode.NOT_FOUND"}[protocol], "Unable to find shared memory region: ''")

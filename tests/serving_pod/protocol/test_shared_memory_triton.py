@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.utils.shared_memory as shm
 
 from support.server import DEFAULT_MODELS
@@ -72,6 +73,10 @@ def _cases(http, grpc_call, key: str, out_key: str) -> dict[str, Any]:
         "grpc offset past": infer_grpc({**in_grpc, "shared_memory_offset": ("int64_param", 8)}),
         "http unknown region": infer_http([tensor({**in_shm, "shared_memory_region": "x"})]),
         "http data and region": infer_http([tensor(in_shm, data=DATA.tolist())]),
+        "http region named ''": infer_http([tensor({**in_shm, "shared_memory_region": ""})]),
+        "grpc region named ''": infer_grpc({**in_grpc, "shared_memory_region": ("string_param", "")}),
+        "grpc output region named ''": infer_grpc(in_grpc, [
+            ("OUTPUT0", {**out_grpc, "shared_memory_region": ("string_param", "")})]),
         "http offset without region": infer_http([tensor({"shared_memory_offset": 0})]),
         "http binary size and region": infer_http([tensor({**in_shm, "binary_data_size": 64})]),
         "grpc uint64 size": infer_grpc({**in_grpc, "shared_memory_byte_size": ("uint64_param", 64)}),
@@ -111,6 +116,7 @@ def _run(http_port: int, grpc_port: int, key: str, out_key: str) -> dict[str, An
         channel.close()
 
 
+@pytest.mark.slow  # a live Triton
 def test_system_shared_memory_answers_match_triton(tmp_path: Path) -> None:
     from support.server import ServerThread, make_options
     from support.triton import running_triton, triton_or_skip
