@@ -37,6 +37,9 @@ _CONTENT_FIELDS = {
 }
 
 
+_UINT64_END = 2**64
+
+
 def parameters_to_dict(params) -> dict[str, Any]:
     """``map<string, InferParameter>`` -> plain dict of python values."""
     out: dict[str, Any] = {}
@@ -52,6 +55,16 @@ _SHM_PARAMETER_KINDS = {
     "shared_memory_byte_size": "int64_param",
     "shared_memory_offset": "int64_param",
 }
+
+
+def _tensor_parameters(params) -> dict[str, Any]:
+    """A tensor's parameters as python values; a negative shared memory offset or byte size is the size_t Triton
+    reads it as (-1: 2**64 - 1), so that the region's bounds refuse it in Triton's words."""
+    out = parameters_to_dict(params)
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        if isinstance(out.get(key), int) and out[key] < 0:
+            out[key] %= _UINT64_END
+    return out
 
 
 def check_shared_memory_parameters(params, tensor: str) -> None:
@@ -84,7 +97,7 @@ def _output_parameters(params, name: str) -> dict[str, Any]:
             raise InvalidArgumentError("invalid value type for 'classification' parameter, expected int64_param")
         if "shared_memory_region" in params:
             raise InvalidArgumentError("output can't set both 'shared_memory_region' and 'classification'")
-    out = parameters_to_dict(params)
+    out = _tensor_parameters(params)
     if "shared_memory_region" in out:
         # 'binary_data' is an HTTP parameter: Triton's gRPC ignores it beside a region, HTTP refuses the pair
         out.pop("binary_data", None)
@@ -103,7 +116,6 @@ _RESERVED_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
 
 #: reserved keys whose int64_param Triton's gRPC front end takes as the uint64 it stands for (two's complement)
 _UNSIGNED_FROM_INT64 = ("sequence_id", "timeout")
-_UINT64_END = 2**64
 
 
 def request_parameters(params) -> dict[str, Any]:
@@ -249,7 +261,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"input '{name}' has a negative dimension in shape {list(shape)}")
         datatypes.check_shape(f"input '{name}'", shape)
-        params = parameters_to_dict(item.parameters) if item.parameters else {}
+        params = _tensor_parameters(item.parameters) if item.parameters else {}
         defect = None
         if source is _SHARED_MEMORY:
             # placeholder of the right shape, no memory; the engine reads the region into it

@@ -324,3 +324,29 @@ def test_a_region_named_empty_is_not_found(server, protocol, side):
         server.client(protocol).infer("idt_int", [infer_input], outputs=outputs)
     assert (str(info.value.status()), info.value.message()) == (
         {"http": "404", "grpc": "StatusCode.NOT_FOUND"}[protocol], "Unable to find shared memory region: ''")
+
+
+@pytest.mark.parametrize("offset, size, words", [
+    (-1, 64, "Invalid offset for shared memory region: 'in'"),
+    (0, -64, "Invalid offset + byte size for shared memory region: 'in'"),
+])
+def test_grpc_negative_offset_or_size_lies_outside_the_region(server, regions, offset, size, words):
+    """A negative int64 shared_memory_offset or _byte_size is read as the size_t it stands for (-1: 2**64 - 1), so
+    the region's bounds refuse it with INVALID_ARGUMENT in Triton 2.51's words (recorded live), for an input and
+    an output alike; Ferry refused 'a non-negative integer' in words of its own."""
+    import grpc
+
+    region = regions("in", 64)
+    client = server.client("grpc")
+    client.register_system_shared_memory("in", _key(region), 64)
+    try:
+        params = {"shared_memory_region": ("string_param", "in"), "shared_memory_byte_size": ("int64_param", size),
+                  "shared_memory_offset": ("int64_param", offset)}
+        for request in (_grpc_infer_request(params),
+                        _grpc_infer_request({}, outputs=[("OUTPUT0", params)], raw=bytes(64))):
+            with pytest.raises(grpc.RpcError) as info:
+                _grpc_stub(server).ModelInfer(request)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, words)
+        client.infer("idt_int", [httpclient_input(server, "grpc", "in")])  # still serves
+    finally:
+        client.unregister_system_shared_memory()

@@ -71,6 +71,10 @@ def _cases(http, grpc_call, key: str, out_key: str) -> dict[str, Any]:
         "grpc input and output in shm": infer_grpc(in_grpc, [("OUTPUT0", out_grpc)]),
         "http size larger": infer_http([tensor({**in_shm, "shared_memory_byte_size": 68})]),
         "grpc offset past": infer_grpc({**in_grpc, "shared_memory_offset": ("int64_param", 8)}),
+        "grpc negative offset": infer_grpc({**in_grpc, "shared_memory_offset": ("int64_param", -1)}),
+        "grpc negative size": infer_grpc({**in_grpc, "shared_memory_byte_size": ("int64_param", -64)}),
+        "grpc output at a negative offset": infer_grpc(in_grpc, [
+            ("OUTPUT0", {**out_grpc, "shared_memory_offset": ("int64_param", -4)})]),
         "http unknown region": infer_http([tensor({**in_shm, "shared_memory_region": "x"})]),
         "http data and region": infer_http([tensor(in_shm, data=DATA.tolist())]),
         "http region named ''": infer_http([tensor({**in_shm, "shared_memory_region": ""})]),
