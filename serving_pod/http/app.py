@@ -89,7 +89,8 @@ class InferHead(NamedTuple):
 
     #: ``Inference-Header-Content-Length`` read as tritonserver reads it (``raw.header_length``); None when absent
     header_length: int | None
-    encoding: str
+    #: ``Content-Encoding`` as sent; None when absent (an empty one is refused as Triton refuses it)
+    encoding: str | None
     accept: str
     #: (name, value) of the headers ``--http-header-forward-pattern`` matches: they become request parameters
     forwarded: tuple[tuple[str, str], ...] = ()
@@ -99,32 +100,38 @@ class InferHead(NamedTuple):
 
 def infer_head(headers: list[tuple[bytes, bytes]], limit: int, forward: re.Pattern[str] | None = None,
                names: list[bytes] | None = None) -> InferHead:
-    """The infer route's headers; ``InvalidArgumentError`` on a declared body over ``limit``.
+    """The infer route's headers; ``InvalidArgumentError`` on a declared body over ``limit``. A header sent twice
+    counts once, its first value, as tritonserver's ``evhtp_kv_find`` finds it.
 
     ``forward`` matches ``names``, the header names as the client sent them (``headers`` has them in lower case,
     as uvicorn gives them), as Triton matches and forwards them; without ``names``, the lower-case ones.
     """
     header_length: int | None = None
-    header_text = encoding = accept = ""
+    encoding: str | None = None
+    accept: str | None = None
+    header_text = ""
     content_length = -1
     for key, value in headers:
         if key == b"inference-header-content-length":  # never refused: any text is some length to atoi
-            header_length = parse_header_length(value)
-            header_text = value.decode("latin-1")
+            if header_length is None:
+                header_length = parse_header_length(value)
+                header_text = value.decode("latin-1")
         elif key == b"content-encoding":
-            encoding = value.decode("latin-1")
+            if encoding is None:
+                encoding = value.decode("latin-1")
         elif key == b"accept-encoding":
-            accept = value.decode("latin-1")
+            if accept is None:
+                accept = value.decode("latin-1")
         elif key == b"content-length":
             content_length = int(value) if value.isdigit() else -1
     if content_length > limit:
         raise size_error(content_length, limit)
     if forward is None:
-        return InferHead(header_length, encoding, accept, (), header_text)
+        return InferHead(header_length, encoding, accept or "", (), header_text)
     raw = names if names is not None and len(names) == len(headers) else [key for key, _ in headers]
     named = ((name.decode("latin-1"), value) for name, (_, value) in zip(raw, headers))
     forwarded = tuple((name, value.decode("latin-1")) for name, value in named if forward.search(name))
-    return InferHead(header_length, encoding, accept, forwarded, header_text)
+    return InferHead(header_length, encoding, accept or "", forwarded, header_text)
 
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
@@ -183,7 +190,7 @@ async def answer_infer(engine: Infers, head: InferHead, body: bytes, model: str,
 
 async def _decode(engine: Infers, head: InferHead, body: bytes, model: str, version: str, limit: int) -> InferRequest:
     """The request the body makes: decompressed, its header length checked, then parsed (JSON or raw binary)."""
-    if head.encoding:
+    if head.encoding is not None:
         body = decode_body(body, head.encoding, limit)
     if head.header_length is not None and not 0 <= head.header_length <= len(body):
         raise before_parsing(InvalidArgumentError(  # Triton's words, quoting the header as sent
@@ -333,7 +340,7 @@ def create_app(
     async def _generate(request: Request, model: str, version: str, streaming: bool) -> Response:
         status, content_type, body = await answer_generate(
             engine, await request.body(), model, _route_version(version), max_input_size, streaming,
-            request.headers.get("content-encoding", ""))
+            request.headers.get("content-encoding"))
         if isinstance(body, bytes):
             return Response(body, status_code=status, media_type=content_type.decode())
         return StreamingResponse(body, status_code=status, media_type=content_type.decode())

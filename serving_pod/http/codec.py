@@ -92,9 +92,9 @@ def decode_infer_request(
         for out in raw_outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise InvalidArgumentError("each requested output must be an object with a 'name'")
-            out_params = out.get("parameters") or {}
-            if not isinstance(out_params, dict):
-                raise InvalidArgumentError(f"output '{out['name']}': 'parameters' must be an object")
+            out_params = out.get("parameters")
+            if type(out_params) is not dict:  # one that is not an object has no members to Triton (recorded live)
+                out_params = {}
             if type(out_params.get("classification")) is int and out_params["classification"] == 0:
                 # Triton's HTTP front end takes 0 classes as no classification
                 out_params = {key: value for key, value in out_params.items() if key != "classification"}
@@ -164,9 +164,9 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
         raise InvalidArgumentError(f"input '{name}' must have a 'shape' of non-negative integers")
     shape_t = tuple(shape)
     datatypes.check_shape(f"input '{name}'", shape_t)
-    params = item.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise InvalidArgumentError(f"input '{name}': 'parameters' must be an object")
+    params = item.get("parameters")
+    if type(params) is not dict:  # one that is not an object has no members to Triton (recorded live)
+        params = {}
     if ("data" in item) + (params.get("binary_data_size") is not None) + (params.get("shared_memory_region") is not None) != 1:
         # Triton's words; a region used to win silently over 'data'
         sources = [f"'{k}'" for k in ("data", "binary_data_size", "shared_memory_region")

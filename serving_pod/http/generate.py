@@ -243,8 +243,9 @@ Answer = tuple[int, bytes, "bytes | AsyncIterator[bytes]"]
 
 
 async def answer_generate(engine: Any, body: bytes, model: str, version: str, limit: int,
-                          streaming: bool, encoding: str = "") -> Answer:
-    """(status, content type, body or async chunks) for one generate request; ``encoding``: its Content-Encoding.
+                          streaming: bool, encoding: str | None = None) -> Answer:
+    """(status, content type, body or async chunks) for one generate request; ``encoding``: its Content-Encoding
+    (None when absent): anything but ``identity``, matched exactly, is refused (``http.compression``).
 
     A request refused before inference (an unknown model, an encoded or bad body, validation) is a JSON error
     with its status. Otherwise the status goes out with the model's first answer, as in Triton 2.51: 200, or 400
@@ -254,7 +255,7 @@ async def answer_generate(engine: Any, body: bytes, model: str, version: str, li
     """
     try:
         metadata = engine.model_metadata(model, version)
-        if encoding.strip().lower() not in ("", "identity"):  # checked once the model is found, as Triton does
+        if encoding is not None and encoding != "identity":  # checked once the model is found, as Triton does
             raise InvalidArgumentError(UNSUPPORTED_ENCODING)
         request = decode_generate_request(body, metadata, model, version, limit)
         answers = _answers(engine.stream_infer(request))

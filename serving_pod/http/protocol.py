@@ -226,7 +226,7 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
         except ServerError as error:
             if logging_settings.VERBOSE:  # refused before ``answer_infer``, which logs the others
                 log_infer_request(*target)
-            cycle = self.cycle = InferCycle("", "", InferHead(None, "", ""), keep_alive)
+            cycle = self.cycle = InferCycle("", "", InferHead(None, None, ""), keep_alive)
             self._respond(cycle, error_answer(error))  # at once: the body, if any, is skipped
             return True
         self.cycle = InferCycle(target[0], target[1], head, keep_alive)

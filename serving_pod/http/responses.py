@@ -12,6 +12,8 @@ type); errors found while parsing the body, validating the request or queuing it
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, Callable
 
 import orjson
@@ -108,27 +110,52 @@ def text_response(status: int, body: bytes = b"", headers: dict[str, str] | None
 
 def parse_json(raw: bytes | memoryview) -> Any:
     """A request body's JSON document, read as tritonserver reads it: one UTF-8 byte order mark before it is
-    skipped, and the tokens ``NaN``, ``Infinity`` and ``-Infinity`` are numbers (rapidjson's reader takes both;
-    tritonclient writes those tokens for such floats; orjson refuses both). InvalidArgumentError in Triton's
-    words if it is not JSON."""
+    skipped, and the tokens of rapidjson's ``kParseNanAndInfFlag`` are numbers (``_NON_FINITE``; tritonclient
+    writes ``NaN``, ``Infinity`` and ``-Infinity`` for such floats; orjson refuses them all). InvalidArgumentError
+    in Triton's words if it is not JSON."""
     if bytes(raw[:3]) == BOM:
         raw = raw[3:]
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         error = exc
-    if b"NaN" in raw or b"Infinity" in raw:
-        document = _with_non_finite(bytes(raw))
+    raw = bytes(raw)
+    if b"NaN" in raw or b"Inf" in raw:
+        document = _with_non_finite(raw)
         if document is not None:
             return document
     raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}")
 
 
+#: a JSON string, or one of the tokens rapidjson reads as a number with ``kParseNanAndInfFlag`` (Triton's
+#: ``TritonJson``): ``NaN``, ``Inf`` and ``Infinity``, each with an optional ``-`` (recorded live: Triton 2.51 takes
+#: those six and refuses ``+NaN``, ``+Inf``, ``nan``, ``inf``, ``INF``, ``Infin``, ``NaNa`` and ``Infinityx``)
+_NON_FINITE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|(-?)(NaN|Inf(?:inity)?)')
+
+
+def _python_token(match: re.Match[bytes]) -> bytes:
+    """The token Python's ``json`` reads for a rapidjson one (strings kept as they are); ``-NaN`` is NaN."""
+    if match.group(2) is None:
+        return match.group()
+    if match.group(2) == b"NaN":
+        return b"NaN"
+    return match.group(1) + b"Infinity"
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"number too big to be stored in double: {text}")
+    return value
+
+
 def _with_non_finite(raw: bytes) -> Any:
-    """``raw`` read by Python's ``json``, which takes the non-finite tokens; None where it is not JSON or holds
-    what orjson refuses besides them (a lone surrogate, an integer past 64 bits: checked by writing it again)."""
+    """``raw`` read by Python's ``json``, which takes ``NaN``, ``Infinity`` and ``-Infinity`` (the other tokens of
+    ``_NON_FINITE`` written as those first); None where it is not JSON or holds what orjson refuses besides them
+    (a lone surrogate, an integer past 64 bits: checked by writing it again) or rapidjson (a number past a double's
+    range: Triton's "Number too big to be stored in double", recorded live)."""
     try:
-        document = json.loads(raw)
+        document = json.loads(_NON_FINITE.sub(_python_token, raw), parse_float=_finite_float)
         orjson.dumps(document)
     except (ValueError, TypeError, orjson.JSONEncodeError):
         return None
