@@ -7,7 +7,10 @@ traces per ``<file>.<n>``, 0 = all in ``<file>``), globally and per model, throu
 the fields set for it and follows the global setting for the others (a null clears a field; a model with
 none left uses the global setting and its sampling counter), and every update starts a new setting:
 sampling counts again from zero. Enabling a setting that cannot trace (rate 0, no trace file) is
-refused: "Attempting to set invalid trace setting :<reason>".
+refused: "Attempting to set invalid trace setting :<reason>"; so is one whose ``trace_count`` is 0, set or kept
+from a setting whose count ran out, with no reason after the colon (tritonserver's ``TraceSetting::Valid()`` also
+wants a count other than 0, ``Reason()`` has none for it): perf_analyzer's ``--trace-level`` without
+``--trace-count`` after a ``--trace-count`` run is refused so.
 
 The trace file is Triton's: one JSON array of records, per trace an identity record ``{"id",
 "model_name", "model_version"[, "request_id"][, "parent_id"]}`` (``parent_id``: the ensemble request of
@@ -331,6 +334,12 @@ class Frontend:
         self.tracer.done(self)
 
 
+def _check_enabling(config: TraceConfig) -> None:
+    """Refuse an update that turns tracing on with a setting that samples nothing (module docstring)."""
+    if config.enabled and (config.invalid or config.count == 0):
+        raise InvalidArgumentError(f"Attempting to set invalid trace setting :{config.invalid}")
+
+
 class _Setting:
     """One live setting (Triton's TraceSetting): its config, sampling counter and traces not yet saved."""
 
@@ -377,8 +386,7 @@ class Tracer:
                 overrides = {**self.overrides.get(model, {}), **changes}
                 overrides = {k: v for k, v in overrides.items() if v is not None}
                 config = _updated(self.config, overrides)
-                if config.invalid and config.enabled:
-                    raise InvalidArgumentError(f"Attempting to set invalid trace setting :{config.invalid}")
+                _check_enabling(config)
                 self._retire(self.model_settings.pop(model, None))
                 self.overrides.pop(model, None)
                 if overrides:
@@ -387,8 +395,7 @@ class Tracer:
             else:
                 cleared = {k: getattr(self.initial, _FIELD[k]) for k, v in changes.items() if v is None and k in _FIELD}
                 config = _updated(self.config, {**cleared, **{k: v for k, v in changes.items() if v is not None}})
-                if config.invalid and config.enabled:
-                    raise InvalidArgumentError(f"Attempting to set invalid trace setting :{config.invalid}")
+                _check_enabling(config)
                 # the models' settings are made again on the new global one (a model whose own fields no longer
                 # make a valid setting samples nothing, as in tritonserver)
                 models = {name: _updated(config, self.overrides[name]) for name in self.model_settings}

@@ -73,7 +73,7 @@ def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FerryProcess]:
     log = root / "ferry-server.log"
     argv = [sys.executable, "-m", "serving_pod.cli", f"--model-repository={repo}", "--model-control-mode=explicit",
             *(f"--load-model={m}" for m in MODELS), f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-            f"--metrics-port={metrics_port}"]
+            f"--metrics-port={metrics_port}", f"--trace-config=triton,file={root / 'trace.json'}"]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -142,3 +142,30 @@ def test_perf_analyzer_reports_server_breakdown(ferry: FerryProcess, protocol: s
     served = stats["inference_stats"]["success"]["count"] - before
     reported = int(output.split("Server:")[1].split("Successful request count:")[1].split()[0])
     assert served >= reported > 0, f"server counted {served} new requests, perf_analyzer reported {reported}"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_trace_settings_as_tritonserver_takes_them(ferry: FerryProcess, protocol: str) -> None:
+    """``--trace-level`` sets the server's trace settings before the run. After a run whose ``--trace-count`` ran
+    out, ``--trace-level`` alone keeps that count of 0 and is refused (exit 99) with tritonserver 2.51's words, an
+    empty reason after the colon (recorded live against Triton 2.51 with perf_analyzer 2.50); tracing is then
+    turned off again for the other tests."""
+    import tritonclient.http as httpclient
+
+    binary, env = perf_analyzer_cmd()
+    base = [str(binary), "-m", "double_py", "-u", ferry.url(protocol), "-i", protocol, "--measurement-interval",
+            "500", "--max-trials", "3", "--stability-percentage", "999", "--trace-level", "TIMESTAMPS"]
+    try:
+        first = subprocess.run([*base, "--trace-rate", "1", "--trace-count", "1"], env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+        again = subprocess.run(base, env=env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 99, again.stdout[-2000:] + again.stderr[-2000:]
+        words = "failed to create triton client backend: Attempting to set invalid trace setting :\n"
+        assert words in again.stdout + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]
+    finally:
+        client = httpclient.InferenceServerClient(ferry.url("http"))
+        try:
+            client.update_trace_settings(settings={"trace_level": ["OFF"], "trace_count": None, "trace_rate": None})
+        finally:
+            client.close()

@@ -331,6 +331,10 @@ SETTINGS = [
     ("", {"trace_file": None}),  # even null: the file is fixed
     ("add_sub", {"trace_level": None, "trace_count": None}),
     ("", {"trace_level": None, "trace_rate": None}),
+    ("", {"trace_level": ["TIMESTAMPS"], "trace_count": "0"}),  # refused: a count of 0 samples nothing
+    ("", {"trace_count": "0"}),  # allowed while tracing is off
+    ("", {"trace_level": ["TIMESTAMPS"]}),  # refused: the count kept is 0 (as after perf_analyzer --trace-count)
+    ("", {"trace_count": None}),
 ]
 
 
@@ -370,6 +374,8 @@ def test_trace_settings_answers(ferry_settings_answers, tmp_path_factory):
             17: "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 2147483648",
             18: "Unable to parse 'trace_count'. Expecting value >= -1, got:-2",
             19: "trace file location can not be updated through network protocol",
+            22: "Attempting to set invalid trace setting :",
+            24: "Attempting to set invalid trace setting :",
         }, protocol
         assert refused[19][0] == codes[1] and refused[3][0] == codes[0]
         ok = {i: a[1] for i, a in by_case.items() if i not in refused}
@@ -380,6 +386,7 @@ def test_trace_settings_answers(ferry_settings_answers, tmp_path_factory):
         assert level(ok[11]) == ["TIMESTAMPS"]  # a model setting made again on the new global one
         assert (level(ok[14]), rate(ok[14]), count(ok[14])) == (["OFF"], "0", "3")
         assert (level(ok[21]), rate(ok[21])) == (["OFF"], "1000")
+        assert (level(ok[23]), count(ok[23]), count(ok[25])) == (["OFF"], "0", "-1")
 
 
 def _one(value: Any) -> str:
