@@ -10,6 +10,7 @@ dropping the requests after it, Ferry with the error). The native front end word
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, AsyncIterator, Callable
 
 import grpc
@@ -49,6 +50,18 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield request
 
 
+@contextlib.asynccontextmanager
+async def _closing(responses: Any) -> AsyncIterator[Any]:
+    """The handler's responses, closed when the RPC ends however it ends (a cancelled call's handler runs its
+    ``finally`` at once, not when the generator is collected)."""
+    try:
+        yield responses
+    finally:
+        close = getattr(responses, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def _wrapped(handler: Any) -> Any:
     kwargs = {"request_deserializer": _tolerant(handler.request_deserializer),
               "response_serializer": handler.response_serializer}
@@ -66,8 +79,9 @@ def _wrapped(handler: Any) -> Any:
         async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             if request is UNPARSABLE:
                 await _abort(context)
-            async for response in behaviour(request, context):
-                yield response
+            async with _closing(behaviour(request, context)) as responses:
+                async for response in responses:
+                    yield response
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kwargs)
     if handler.stream_unary:
         behaviour = handler.stream_unary
@@ -82,8 +96,9 @@ def _wrapped(handler: Any) -> Any:
 
     async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for response in behaviour(_checked(requests), context):
-                yield response
+            async with _closing(behaviour(_checked(requests), context)) as responses:
+                async for response in responses:
+                    yield response
         except _Unparsable:
             await _abort(context)
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
