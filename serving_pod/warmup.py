@@ -10,8 +10,10 @@ dim of 1 on every input, control inputs too, when the model batches), executed t
 once) per instance; samples with ``batch_size: 0`` are skipped. Inputs: ``zero_data``, ``random_data`` (BYTES get
 empty strings, as Triton's zero buffer) or ``input_data_file`` read from ``<model>/warmup/<file>`` (raw row-major
 bytes, extra bytes ignored; BYTES: the whole file, length-prefixed elements). Inputs the config does not declare
-must be sequence control or state inputs (Triton's override inputs). The requests are then checked as Triton's core
-checks any request (``core.validation``: inputs missing, data type, shape), in its words.
+are Triton's override inputs, added after the request checks and handed to the model as they are (sequence control
+and state inputs, of their config data type; any other name too: Triton's QA warms ``bls_model_loading``, a python
+model with no inputs, with two); the declared ones are checked as Triton's core checks any request
+(``core.validation``: inputs missing, data type, shape), in its words.
 
 Refusals in Triton's words and statuses: a variable dim, no data kind, a short data file and a request check are
 ``Invalid argument``; an unreadable data file is ``Internal: failed to open text file for read <path>: ...``. A run
@@ -148,8 +150,6 @@ def build_requests(config: mc.ModelConfig, model_dir: Path, version: str, sample
     overrides: list[Tensor] = []
     for name in sorted(sample.inputs):
         spec = sample.inputs[name]
-        if name not in originals and name not in controls:
-            raise ModelLoadError(f"{where}: model has no input '{name}'")
         array = _sample_input(model_dir, name, spec, rng)
         if config.max_batch_size > 0:
             array = array.reshape((1,) + array.shape)
@@ -157,7 +157,7 @@ def build_requests(config: mc.ModelConfig, model_dir: Path, version: str, sample
         if name in originals:
             given.append(tensor)
             continue
-        if spec.data_type != controls[name]:
+        if name in controls and spec.data_type != controls[name]:
             raise ModelLoadError(f"{where}: input '{name}' is {mc.DataType.Name(spec.data_type)}, the model "
                                  f"expects {mc.DataType.Name(controls[name])}")
         overrides.append(tensor)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from pathlib import Path
@@ -78,8 +79,6 @@ def test_input_data_files_from_the_warmup_folder(tmp_path: Path) -> None:
         (fp32('input_data_file: "small"'), 1, "[request id: <id_unknown>] warmup setting expects 12 bytes, but the "
                                               "data provided from small only has 4 bytes"),
         (fp32('input_data_file: "../config.pbtxt"'), 1, "outside the model's 'warmup' folder"),
-        ('{ key: "NOPE" value { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } }', 1,
-         "warmup sample 'bad one' of model 'm': model has no input 'NOPE'"),
         ('{ key: "INPUT0" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }', 1,
          "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT32', but model 'm' expects 'FP32'"),
         ('{ key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 1 ] } }', 1,
@@ -95,6 +94,54 @@ def test_bad_samples_are_refused_in_tritons_words(tmp_path: Path, inputs: str, b
     with pytest.raises(ServerError) as info:
         build_requests(cfg, tmp_path, "1", cfg.model_warmup[0])
     assert message in str(info.value)
+
+
+def test_an_input_the_config_does_not_declare_goes_to_the_model(tmp_path: Path) -> None:
+    """Triton adds it as an override input (``GenerateWarmupData``), unchecked, with the batch dim; Ferry refused
+    the sample ("model has no input")."""
+    extra = ' inputs { key: "NOPE" value { data_type: TYPE_INT32 dims: [ 2 ] zero_data: true } }'
+    cfg = config(sample(fp32("zero_data: true") + extra))
+    (request,) = build_requests(cfg, tmp_path, "1", cfg.model_warmup[0])
+    assert [(t.name, t.datatype, t.data.shape) for t in request.inputs] == [("INPUT0", "FP32", (1, 3)),
+                                                                           ("NOPE", "INT32", (1, 2))]
+
+
+#: a python model with no inputs that answers the names and shapes of the inputs of the first request it executed
+FIRST_SEEN_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.first = None
+
+    def execute(self, requests):
+        if self.first is None:
+            self.first = {t.name(): list(t.shape()) for t in requests[0].inputs()}
+        text = json.dumps(self.first).encode()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([text], np.object_))]) for _ in requests]
+'''
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_python_model_is_warmed_with_inputs_it_does_not_declare(tmp_path: Path, threaded_server,
+                                                                   protocol: str) -> None:
+    """Triton's QA (``L0_backend_python/bls/test.sh``) warms ``bls_model_loading``, which has no inputs, with INPUT0
+    and INPUT1 and expects the load to succeed: the model gets them; Ferry failed the load."""
+    fp32_4 = "value { data_type: TYPE_FP32 dims: 4 zero_data: false }"
+    write_model(tmp_path, "no_inputs", f'''name: "no_inputs"
+backend: "python"
+output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }} ]
+model_warmup [ {{ name: "regular sample" batch_size: 1
+  inputs {{ key: "INPUT0" {fp32_4} }} inputs {{ key: "INPUT1" {fp32_4} }} }} ]
+''', {"1/model.py": FIRST_SEEN_MODEL})
+    client = threaded_server([tmp_path], model_control_mode="explicit").client(protocol)
+    client.load_model("no_inputs")
+    assert client.is_model_ready("no_inputs")
+    assert json.loads(client.infer("no_inputs", []).as_numpy("SEEN")[0]) == {"INPUT0": [4], "INPUT1": [4]}
 
 
 def instances_for(cfg: mc.ModelConfig, count: int = 2) -> list[testing.TestInstance]:
