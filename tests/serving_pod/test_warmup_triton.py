@@ -12,8 +12,6 @@ text file for read`` for a missing data file, ``failed to run warmup sample '<s>
 Differences kept on purpose (Ferry's clearer behaviour), not compared:
 
 * ``random_data`` of a float input: Triton fills random bytes (NaN and 1e31 reach the model); Ferry draws in [0, 1).
-* a sample input the config does not declare (not a control or state input): Triton passes it to the model as an
-  override input; Ferry refuses the load naming the sample and the input.
 * ``input_data_file`` with ``..``: Triton reads whatever the path leads to; Ferry reads only ``<model>/warmup/``.
 * ``batch_size`` above ``max_batch_size``: Triton's load never ends (above 0) or fails each run in the python
   backend's words (``batch size 3 for 'm_0', max allowed is 0``); Ferry refuses the sample before running it.
