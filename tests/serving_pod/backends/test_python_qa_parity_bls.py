@@ -21,9 +21,10 @@ it cut off.
 Opt-in (``-m slow`` with ``FERRY_TRITON_SERVER_SOURCE``, a checkout of triton-inference-server/server at v2.51.0):
 Triton's QA models unmodified, read from that tree at test time and laid out as its QA scripts do (``sequence_py``
 twice, ``bls/model.py``'s ``PBBLSTest`` run by a wrapper of ours, with a ``torch`` stub), on Ferry and on Triton;
-python_backend's ``square_int32`` is our ``repeat_int32`` under that name. Not run (they need what a CPU Triton
-2.51 here cannot have): ``bls_async``, ``bls_memory*``, ``bls_model_loading``, ``bls_onnx_warmup`` and ``bls``'s
-GPU, DLPack, ONNX and ``test_multiprocess`` cases.
+python_backend's ``square_int32`` is our ``repeat_int32`` under that name. Not run side by side (they need what a
+CPU Triton 2.51 here cannot have: onnxruntime, a GPU, torch): ``bls_async``, ``bls_memory*``, ``bls_model_loading``,
+``bls_onnx_warmup``, ``model_env`` and ``bls``'s ONNX sequence case run on Ferry alone
+(test_python_qa_models_on_ferry.py); ``bls``'s GPU, DLPack and ``test_multiprocess`` cases nowhere.
 """
 
 from __future__ import annotations
