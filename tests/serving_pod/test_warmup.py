@@ -126,17 +126,19 @@ class TritonPythonModel:
 '''
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_python_model_is_warmed_with_inputs_it_does_not_declare(tmp_path: Path, threaded_server,
-                                                                   protocol: str) -> None:
+@pytest.mark.parametrize(("protocol", "isolated"), [("http", False), ("grpc", False), ("grpc", True)])
+def test_a_python_model_is_warmed_with_inputs_it_does_not_declare(tmp_path: Path, threaded_server, protocol: str,
+                                                                   isolated: bool) -> None:
     """Triton's QA (``L0_backend_python/bls/test.sh``) warms ``bls_model_loading``, which has no inputs, with INPUT0
-    and INPUT1 and expects the load to succeed: the model gets them; Ferry failed the load."""
+    and INPUT1 and expects the load to succeed: the model gets them, in the server's process or its own; Ferry
+    failed the load."""
     fp32_4 = "value { data_type: TYPE_FP32 dims: 4 zero_data: false }"
     write_model(tmp_path, "no_inputs", f'''name: "no_inputs"
 backend: "python"
 output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }} ]
 model_warmup [ {{ name: "regular sample" batch_size: 1
   inputs {{ key: "INPUT0" {fp32_4} }} inputs {{ key: "INPUT1" {fp32_4} }} }} ]
+parameters {{ key: "FERRY_ISOLATED" value {{ string_value: "{str(isolated).lower()}" }} }}
 ''', {"1/model.py": FIRST_SEEN_MODEL})
     client = threaded_server([tmp_path], model_control_mode="explicit").client(protocol)
     client.load_model("no_inputs")
