@@ -21,7 +21,7 @@ Each test lays the repository out as the QA script named in it does and asserts 
   exactly that assertion (``True is not false``), after the ONNX call answered both outputs;
 * ``bls``'s ``test_bls_sequence`` asserts GPU outputs, so a probe of ours does what it does without those steps: two
   sequences at once through BLS to ``onnx_nobatch_sequence_int32`` (``gen_qa_implicit_models.py --onnx``, implicit
-  state), for both ``BLS_KIND``\ s, each answer the running sum.
+  state), for both ``BLS_KIND`` values, each answer the running sum.
 
 ``bls_async`` also runs with every python model isolated (``FERRY_ISOLATED``). Not run: ``python_version``
 (``qa/L0_backend_python/env/test.sh``: conda-packed Python 3.6 to 3.11 environments with tensorflow), ``test_gpu_bls``,
