@@ -71,5 +71,3 @@ class _Logged:
 def logged_servicer(servicer: Any, rpc_log: RpcLog) -> Any:
     """``servicer`` for the grpc.aio front end, its RPCs logged with ``rpc_log`` (``_Logged``)."""
     return _Logged(servicer, rpc_log)
-
-

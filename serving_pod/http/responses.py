@@ -113,7 +113,7 @@ def parse_json(raw: bytes | memoryview) -> Any:
     skipped, and the tokens of rapidjson's ``kParseNanAndInfFlag`` are numbers (``_NON_FINITE``; tritonclient
     writes ``NaN``, ``Infinity`` and ``-Infinity`` for such floats; orjson refuses them all). InvalidArgumentError
     in Triton's words if it is not JSON."""
-    if bytes(raw[:3]) == BOM:
+    if raw[:3] == BOM:  # a memoryview compares by content: no copy per request
         raw = raw[3:]
     try:
         return orjson.loads(raw)
