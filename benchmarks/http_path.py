@@ -31,7 +31,9 @@ import numpy as np
 from benchmarks import batching, servers
 
 #: FP32 inputs of the models measured, by name: (input name, row width); outputs as the model defines them
-INPUT_WIDTHS = {"mlp_onnx": ("INPUT0", 256), "double_py": ("INPUT0", 16)}
+INPUT_WIDTHS = {"mlp_onnx": ("INPUT0", 256), "double_py": ("INPUT0", 16), "double_ensemble": ("INPUT0", 16)}
+#: the models an ensemble's steps run on, copied beside it
+COMPOSING = {"double_ensemble": ("double_py",)}
 
 
 class _Transport:
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 names = batching.make_repository(source, repository)
                 variants += [(f"{model} {label}", name) for label, name in names.items()]
             else:
-                shutil.copytree(source, repository / model)
+                for name in (*COMPOSING.get(model, ()), model):
+                    shutil.copytree(servers.BENCH_MODELS / name, repository / name, dirs_exist_ok=True)
                 variants.append((model, model))
         print(f"{'model':<20} {'connections':>11} {'requests':>9} {'CPU us/request':>15}")
         for label, name in variants:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ from serving_pod.core.errors import (
 )
 from serving_pod.core.statistics import StepCompute
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from serving_pod.schedulers.ensemble_graph import EnsembleStep, ensemble_steps
+from serving_pod.schedulers.ensemble_graph import EnsembleStep, chain, ensemble_steps
 from serving_pod.schedulers.ensemble_order import response_order
 
 #: request parameters that belong to the ensemble request only, not to its steps
@@ -142,6 +142,9 @@ class EnsembleScheduler:
         #: config order; responses use ``response_order``
         self.output_names = [tensor.name for tensor in config.output]
         self.response_order = response_order(self.output_names)
+        self._all_outputs = frozenset(self.output_names)
+        #: the steps in order when they form a chain (``ensemble_graph.chain``): ``_run_chain`` runs those
+        self._chain = chain(self.steps, frozenset(tensor.name for tensor in config.input), self._all_outputs)
         self._batching = config.max_batch_size > 0
         self._output_dims = {
             tensor.name: tuple(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)
@@ -167,7 +170,7 @@ class EnsembleScheduler:
         self._inflight += 1
         self._idle.clear()
         stats = self.model.stats
-        wanted = set(self.output_names) if request.outputs is None else {output.name for output in request.outputs}
+        wanted = self._all_outputs if request.outputs is None else {output.name for output in request.outputs}
         compute = StepCompute()
         responder = request.responder  # set for a decoupled ensemble (engine.stream_infer)
         responses: list[InferResponse] = []
@@ -179,7 +182,11 @@ class EnsembleScheduler:
                 responses.append(response)
 
         try:
-            dispatch_ns = await self._run(request, wanted, compute, emit)
+            if responder is None and self._chain is not None and wanted >= self._all_outputs and not any(
+                    self._decoupled(step) for step in self._chain):
+                dispatch_ns = await self._run_chain(self._chain, request, compute, emit)
+            else:
+                dispatch_ns = await self._run(request, wanted, compute, emit)
             if responder is None and not responses:  # Triton's words: no output was ever set
                 raise InvalidArgumentError(
                     "unexpected deadlock, at least one output is not set while no more ensemble steps can be made")
@@ -223,6 +230,40 @@ class EnsembleScheduler:
         return InferResponse(request.model_name, request.model_version, outputs, request.id,
                              sequence_parameters(request) if outputs else {})
 
+    def _step_parameters(self, request: InferRequest) -> dict[str, Any]:
+        return {k: v for k, v in request.parameters.items() if k not in _OWN_PARAMETERS}
+
+    async def _run_chain(
+        self, steps: tuple[EnsembleStep, ...], request: InferRequest, compute: StepCompute,
+        emit: Callable[[InferResponse | None, bool], None],
+    ) -> int:
+        """``_run`` for a chain of steps whose models are not decoupled, every output wanted: each step runs when
+        the one before it has answered, so they run here one after the other, with the tensors by name (one
+        iteration each). Returns when the first step was dispatched."""
+        batch_size = request.inputs[0].data.shape[0] if self._batching and request.inputs else 0
+        values: dict[str, Tensor | None] = {tensor.name: tensor for tensor in request.inputs}
+        batch_of = dict.fromkeys(values, batch_size)
+        for tensor in self.model.config.input:  # optional inputs the client left out are known to be absent
+            if tensor.name not in values:
+                values[tensor.name] = None
+                batch_of[tensor.name] = batch_size
+        parameters = self._step_parameters(request)
+        answered: list[tuple] = []
+        dispatch_ns = time.monotonic_ns()
+        for step in steps:
+            inputs = {source: values[source] for _, source in step.input_map}
+            await self._step(step, inputs, batch_of, request, parameters, compute, answered.append)
+            _, item, _, step_batch = answered.pop()
+            if isinstance(item, ServerError):
+                raise _StepFailed(item, getattr(item, _UNRELEASED, False))
+            produced = {tensor.name: tensor for tensor in item.outputs}
+            for model_output, tensor in step.output_map:
+                value = produced.get(model_output)
+                values[tensor] = None if value is None else Tensor(tensor, value.datatype, value.data)
+                batch_of[tensor] = step_batch
+        emit(self._response(request, values, batch_of, self._all_outputs), True)
+        return dispatch_ns
+
     async def _run(
         self, request: InferRequest, wanted: set[str], compute: StepCompute,
         emit: Callable[[InferResponse | None, bool], None],
@@ -250,34 +291,48 @@ class EnsembleScheduler:
         for tensor in self.model.config.input:
             if tensor.name not in values:
                 add(tensor.name, None, batch_size)
-        parameters = {k: v for k, v in request.parameters.items() if k not in _OWN_PARAMETERS}
+        parameters = self._step_parameters(request)
         steps = self.steps if wanted >= set(self.output_names) else needed_steps(self.steps, wanted)
         consumers: dict[str, list[EnsembleStep]] = {}
         for step in steps:
             for _, tensor in step.input_map:
                 consumers.setdefault(tensor, []).append(step)
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue | None = None  # the events of steps running as tasks, made when one is
+        answered: list[tuple] = []  # the events of the step run inline
         running: set[asyncio.Task] = set()
         launched: set[tuple[int, int]] = set()
         dispatch_ns = 0
         in_flight = 0
 
-        def launch() -> None:
-            nonlocal dispatch_ns, in_flight
+        def launch() -> Coroutine[Any, Any, None] | None:
+            """Start every step whose inputs are all there; the one step to await here when it is the only one
+            to run and not decoupled (a chain of steps then runs without a task or a queue per step)."""
+            nonlocal dispatch_ns, in_flight, events
+            ready = []
             for tensor, iteration in sorted(set(updated)):
                 for step in consumers.get(tensor, ()):
                     if (step.index, iteration) in launched or not all(
                             iteration in values.get(source, {}) for _, source in step.input_map):
                         continue
                     launched.add((step.index, iteration))
-                    inputs = {source: values[source][iteration] for _, source in step.input_map}
-                    if not dispatch_ns:
-                        dispatch_ns = time.monotonic_ns()
-                    in_flight += 1
-                    task = asyncio.create_task(
-                        self._step(step, inputs, batch_of, request, parameters, compute, events))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
+                    ready.append((step, {source: values[source][iteration] for _, source in step.input_map}))
+            if not ready:
+                return None
+            if not dispatch_ns:
+                dispatch_ns = time.monotonic_ns()
+            if len(ready) == 1 and not in_flight and not self._decoupled(ready[0][0]):
+                in_flight = 1
+                step, inputs = ready[0]
+                return self._step(step, inputs, batch_of, request, parameters, compute, answered.append)
+            in_flight += len(ready)
+            if events is None:
+                events = asyncio.Queue()
+            for step, inputs in ready:
+                task = asyncio.create_task(
+                    self._step(step, inputs, batch_of, request, parameters, compute, events.put_nowait))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            return None
 
         def ready_response() -> InferResponse | None:
             for tensor, iteration in updated:
@@ -286,11 +341,17 @@ class EnsembleScheduler:
                         request, {name: values[name][iteration] for name in wanted}, batch_of, wanted)
             return None
 
-        launch()
+        inline = launch()
         updated.clear()
         try:
             while in_flight:
-                step, item, final, step_batch = await events.get()
+                if inline is not None:
+                    await inline
+                    inline = None
+                    step, item, final, step_batch = answered.pop()
+                else:
+                    assert events is not None
+                    step, item, final, step_batch = await events.get()
                 if isinstance(item, ServerError):  # a step's error fails the ensemble (and the rest is cancelled)
                     raise _StepFailed(item, in_flight > final or getattr(item, _UNRELEASED, False))
                 if final:
@@ -300,7 +361,7 @@ class EnsembleScheduler:
                     for model_output, tensor in step.output_map:
                         value = produced.get(model_output)
                         add(tensor, None if value is None else Tensor(tensor, value.datatype, value.data), step_batch)
-                launch()
+                inline = launch()
                 response = ready_response()
                 updated.clear()
                 if response is not None:
@@ -308,9 +369,18 @@ class EnsembleScheduler:
                 elif not in_flight:
                     emit(None, True)
         finally:
+            if inline is not None:
+                inline.close()  # made but never awaited (an emit raised)
             for task in list(running):
                 task.cancel()
         return dispatch_ns or time.monotonic_ns()
+
+    def _decoupled(self, step: EnsembleStep) -> bool:
+        """Whether the step's model is decoupled; False when it is not ready (``_step`` then reports why)."""
+        try:
+            return self.engine.registry.get(step.model_name, step.model_version).decoupled
+        except ServerError:
+            return False
 
     def _inputs_of(self, step: EnsembleStep) -> tuple[bool, dict[str, tuple[int, ...]]]:
         """Whether the step's model batches, and its input dims by name (looked up once per loaded version)."""
@@ -322,11 +392,11 @@ class EnsembleScheduler:
 
     async def _step(
         self, step: EnsembleStep, tensors: dict[str, Tensor | None], batch_of: dict[str, int],
-        request: InferRequest, parameters: dict[str, Any], compute: StepCompute, events: asyncio.Queue,
+        request: InferRequest, parameters: dict[str, Any], compute: StepCompute, put: Callable[[tuple], None],
     ) -> None:
-        """Run one step on one iteration of its inputs; puts ``(step, response or error, final, batch size)`` on
-        ``events`` for each of its responses (batch size 0 when its model does not batch). A decoupled model's
-        flag-only final response comes as None. Any error ends up on ``events`` (else ``_run`` would wait for ever)."""
+        """Run one step on one iteration of its inputs; ``put``-s ``(step, response or error, final, batch size)``
+        for each of its responses (batch size 0 when its model does not batch). A decoupled model's
+        flag-only final response comes as None. Any error is put too (else ``_run`` would wait for ever)."""
         step_batch = 0
         try:
             batching, dims = self._inputs_of(step)  # the composing model may have gone (unloaded) meanwhile
@@ -350,14 +420,14 @@ class EnsembleScheduler:
                 trace=request.trace,  # the engine traces the step as its child
             )
             if not self.engine.registry.get(step.model_name, step.model_version).decoupled:
-                events.put_nowait((step, await self.engine.infer(step_request), True, step_batch))
+                put((step, await self.engine.infer(step_request), True, step_batch))
                 return
             async for item in self.engine.stream_infer(step_request):
                 if isinstance(item, ServerError):
-                    events.put_nowait((step, item, False, step_batch))
+                    put((step, item, False, step_batch))
                     continue
-                events.put_nowait((step, None if item.flag_only else item, item.final, step_batch))
+                put((step, None if item.flag_only else item, item.final, step_batch))
         except ServerError as error:
-            events.put_nowait((step, error, True, step_batch))
+            put((step, error, True, step_batch))
         except Exception as error:  # noqa: BLE001 - a fault here must fail the request, not hang it
-            events.put_nowait((step, InternalError(f"{type(error).__name__}: {error}"), True, step_batch))
+            put((step, InternalError(f"{type(error).__name__}: {error}"), True, step_batch))

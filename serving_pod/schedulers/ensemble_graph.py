@@ -51,6 +51,24 @@ def ensemble_steps(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
     return tuple(steps)
 
 
+def chain(steps: tuple[EnsembleStep, ...], inputs: frozenset[str],
+          outputs: frozenset[str]) -> tuple[EnsembleStep, ...] | None:
+    """The steps in the order they run when they form a chain (from the ensemble's ``inputs``, exactly one step
+    can start at each point, and all the ``outputs`` are written in the end), else None. A chain's steps run
+    one after the other whatever the scheduler does, so it can run them without the concurrent machinery."""
+    available = set(inputs)
+    left = list(steps)
+    order = []
+    while left:
+        ready = [step for step in left if all(tensor in available for _, tensor in step.input_map)]
+        if len(ready) != 1:
+            return None
+        order.append(ready[0])
+        left.remove(ready[0])
+        available.update(tensor for _, tensor in ready[0].output_map)
+    return tuple(order) if outputs <= available else None
+
+
 def validate_structure(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
     """Checks needing only the ensemble's own config: fields, tensor flow, cycles. Returns the steps."""
     name = config.name

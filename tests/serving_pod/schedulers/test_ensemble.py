@@ -134,6 +134,13 @@ def repo(tmp_path_factory) -> Path:
         _step("slow_left", {"INPUT0": "IN"}, {"OUTPUT0": "LEFT"}) + "," + _step("slow_right", {"INPUT0": "IN"}, {"OUTPUT0": "RIGHT"}),
         outputs='{ name: "LEFT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "RIGHT" data_type: TYPE_FP32 dims: [ 4 ] }',
     ))
+    # a chain listed backwards: the step reading the ensemble input comes last in the config
+    write_model(repo, "backwards", _ensemble(
+        "backwards",
+        _step("ident_c", {"INPUT0": "second"}, {"OUTPUT0": "OUT"}) + "," + _step("ident_b", {"INPUT0": "first"},
+                                                                             {"OUTPUT0": "second"})
+        + "," + _step("ident_a", {"INPUT0": "IN"}, {"OUTPUT0": "first"}),
+    ))
     for name, (config, _) in BROKEN.items():
         write_model(repo, name, config)
     return repo
@@ -229,6 +236,27 @@ def test_independent_steps_run_concurrently(server) -> None:
     np.testing.assert_array_equal(result.as_numpy("LEFT"), data)
     np.testing.assert_array_equal(result.as_numpy("RIGHT"), data)
     assert elapsed < 0.9, f"two 500 ms steps took {elapsed:.2f}s: they ran one after the other"
+    client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_chain_runs_in_the_order_its_tensors_allow_not_the_configs(server, protocol: str) -> None:
+    """Steps one after the other (each reads the one before), listed in the config in the other order: every step
+    runs once, in dependency order, and the answer is the input passed through all three."""
+    client, module = server.client(protocol), server.module(protocol)
+    client.load_model("backwards")
+
+    def executions() -> list[int]:  # gRPC's JSON writes uint64 as strings and leaves zeros out
+        json = {"as_json": True} if protocol == "grpc" else {}
+        return [int(client.get_inference_statistics(name, **json)["model_stats"][0].get("execution_count", 0))
+                for name in ("ident_a", "ident_b", "ident_c")]
+
+    before = executions()
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tensor = module.InferInput("IN", [3, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("backwards", [tensor]).as_numpy("OUT"), data)
+    assert [after - b for after, b in zip(executions(), before)] == [1, 1, 1]
     client.close()
 
 

@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.errors import ModelLoadError
-from serving_pod.schedulers.ensemble_graph import validate_mapping, validate_structure
+from serving_pod.schedulers.ensemble_graph import chain, ensemble_steps, validate_mapping, validate_structure
 
 
 def _ensemble(body: str, io: str = 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ] '
@@ -114,3 +114,32 @@ def test_decoupled_steps_make_the_ensemble_decoupled() -> None:
     with pytest.raises(ModelLoadError, match="in ensemble ens, step of model 'ens' receives inputs originated from "
                                              "different decoupled models"):
         validate_mapping(mixed, validate_structure(mixed), {0: repeat, 1: extra})
+
+
+def _chain_of(body: str, inputs: tuple[str, ...] = ("IN",), outputs: tuple[str, ...] = ("OUT",)) -> list[str] | None:
+    steps = ensemble_steps(_ensemble(body))
+    order = chain(steps, frozenset(inputs), frozenset(outputs))
+    return None if order is None else [step.model_name for step in order]
+
+
+def test_chain_orders_the_steps_as_they_can_run_whatever_the_config_order() -> None:
+    assert _chain_of(_steps(("a", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}))) == ["a"]
+    # listed last, run first: c reads only the ensemble input, b reads c's output, a reads b's
+    body = _steps(("a", {"INPUT0": "y"}, {"OUTPUT0": "OUT"}), ("b", {"INPUT0": "x"}, {"OUTPUT0": "y"}),
+                  ("c", {"INPUT0": "IN"}, {"OUTPUT0": "x"}))
+    assert _chain_of(body) == ["c", "b", "a"]
+    # a later step may read any earlier tensor, the ensemble's inputs included
+    body = _steps(("a", {"INPUT0": "IN"}, {"OUTPUT0": "x"}), ("b", {"INPUT0": "x", "INPUT1": "IN"}, {"OUTPUT0": "OUT"}))
+    assert _chain_of(body) == ["a", "b"]
+
+
+def test_steps_that_could_run_side_by_side_or_leave_an_output_unwritten_are_no_chain() -> None:
+    # two steps ready at once (both read IN): they run concurrently, so not a chain
+    parallel = _steps(("a", {"INPUT0": "IN"}, {"OUTPUT0": "x"}), ("b", {"INPUT0": "IN"}, {"OUTPUT0": "y"}),
+                      ("c", {"INPUT0": "x", "INPUT1": "y"}, {"OUTPUT0": "OUT"}))
+    assert _chain_of(parallel) is None
+    # a step whose input nothing writes never runs: the general path answers with Triton's deadlock error
+    stuck = _steps(("a", {"INPUT0": "IN"}, {"OUTPUT0": "x"}), ("b", {"INPUT0": "missing"}, {"OUTPUT0": "OUT"}))
+    assert _chain_of(stuck) is None
+    # every step ran but an output of the ensemble is never written
+    assert _chain_of(_steps(("a", {"INPUT0": "IN"}, {"OUTPUT0": "x"})), outputs=("OUT",)) is None
