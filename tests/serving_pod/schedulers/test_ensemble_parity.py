@@ -4,6 +4,8 @@ Each case was a difference found by running the same requests against Triton 2.5
 over non-decoupled steps (Triton serves and runs it as not decoupled), the sequence parameters every ensemble
 response carries, the ``in ensemble '...'`` prefix of a failing step's error, and no ``max_inflight_requests``
 (a field newer than Triton 2.51's model_config.proto) in the served config. Composing model: ``add_sub_py``.
+Side by side: Triton's answers to the same cases are recorded in ``EXPECTED``; Ferry runs against them by default,
+a live Triton in the slow ``test_nvidia_tritons_answers_as_recorded``.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def test_served_ensemble_config_has_no_field_newer_than_tritons(server) -> None:
     client.close()
 
 
-# ---- side by side with tritonserver 2.51 (skipped where it cannot be installed) ----------------------------------
+# ---- side by side with tritonserver 2.51 (recorded answers; the live Triton runs with -m slow) --------------------------------
 
 def _answers(http_port: int, grpc_port: int) -> dict[str, object]:
     """The cases above as raw answers, with what differs by design masked (Triton's ``[request id: ...]``
@@ -157,9 +159,30 @@ def _answers(http_port: int, grpc_port: int) -> dict[str, object]:
     return answers
 
 
-def test_answers_match_nvidia_tritons(server, repository) -> None:
+#: tritonserver 2.51's answers to ``_answers`` (recorded from a live Triton; the slow
+#: ``test_nvidia_tritons_answers_as_recorded`` compares a live one with them)
+EXPECTED: dict[str, object] = {
+    "http decoupled": ([4.0, 4.0, 4.0, 4.0], {"sequence_id": 0, "sequence_start": False, "sequence_end": False}),
+    "http sequence": {"sequence_id": 7, "sequence_start": True, "sequence_end": False},
+    "http step error": ("400", "in ensemble 'e_any_shape', unexpected shape for input 'INPUT?' for model "
+                               "'add_sub_py'. Expected [4], got [3]"),
+    "http config": ({"decoupled": False}, ["step"]),
+    "grpc decoupled": ([4.0, 4.0, 4.0, 4.0], {"sequence_id": {"int64Param": "0"}, "sequence_start": {"boolParam": False},
+                                              "sequence_end": {"boolParam": False}}),
+    "grpc sequence": {"sequence_id": {"int64Param": "7"}, "sequence_start": {"boolParam": True},
+                      "sequence_end": {"boolParam": False}},
+    "grpc step error": ("StatusCode.INVALID_ARGUMENT", "in ensemble 'e_any_shape', unexpected shape for input "
+                                                       "'INPUT?' for model 'add_sub_py'. Expected [4], got [3]"),
+}
+
+
+def test_answers_match_nvidia_tritons(server) -> None:
+    assert _answers(server.server.http_port, server.server.grpc_port) == EXPECTED
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_answers_as_recorded(repository) -> None:
     from support.triton import running_triton
 
     with running_triton(repository, list(MODELS)) as (http, grpc_port, _):
-        expected = _answers(http, grpc_port)
-    assert _answers(server.server.http_port, server.server.grpc_port) == expected
+        assert _answers(http, grpc_port) == EXPECTED
