@@ -277,19 +277,71 @@ def _shape(family) -> tuple:
     return family.type, family.documentation, samples
 
 
-def test_latency_metric_families_match_nvidia_tritons(threaded_server, tmp_path):
-    """The same ``--metrics-config`` on Triton 2.51 and Ferry, the same model: identical per-model families."""
+def _double_py_repository(path, extra_config: str = ""):  # type: ignore[no-untyped-def]
+    """benchmarks/models/double_py copied into ``path``/repo, with ``extra_config`` added to its config."""
     import shutil
     from pathlib import Path
 
-    from serving_pod.core.latency_metrics import parse_metrics_config
-
-    repository = tmp_path / "repo"
+    repository = path / "repo"
     shutil.copytree(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "double_py",
                     repository / "double_py", ignore=shutil.ignore_patterns("__pycache__"))
-    flags = ["--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001"]
-    triton = _triton_families(repository, flags)
-    settings, warnings = parse_metrics_config(flag.split("=", 1)[1].split("=", 1) for flag in flags)
+    config = repository / "double_py" / "config.pbtxt"
+    config.write_text(config.read_text() + extra_config)
+    return repository
+
+
+LATENCY_FLAGS = ["--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001"]
+
+def _triton_latency_families() -> dict[str, tuple]:
+    model, version = ("model", "double_py"), ("version", "1")
+
+    def shape(name: str, kind: str, help_text: str) -> tuple:
+        if kind == "summary":
+            samples = [(name, (model, ("quantile", q), version)) for q in ("0.5", "0.99")]
+            samples += [(f"{name}_count", (model, version)), (f"{name}_sum", (model, version))]
+        elif name == "nv_inference_request_failure":
+            reasons = ("BACKEND", "CANCELED", "OTHER", "REJECTED")
+            samples = [(f"{name}_total", (model, ("reason", reason), version)) for reason in reasons]
+        else:
+            samples = [(f"{name}_total" if kind == "counter" else name, (model, version))]
+        return kind, help_text, samples
+
+    uncached, cached = " (does not include cached requests)", " (includes cached requests)"
+    microseconds = "duration in microseconds"
+    families = {  # name after nv_inference_ -> type, help
+        "compute_infer_duration_us": ("counter", f"Cumulative compute inference {microseconds}{uncached}"),
+        "compute_infer_summary_us": ("summary", f"Cumulative compute inference {microseconds}{uncached}"),
+        "compute_input_duration_us": ("counter", f"Cumulative compute input {microseconds}{uncached}"),
+        "compute_input_summary_us": ("summary", f"Cumulative compute input {microseconds}{uncached}"),
+        "compute_output_duration_us": ("counter", f"Cumulative inference compute output {microseconds}{uncached}"),
+        "compute_output_summary_us": ("summary", f"Cumulative inference compute output {microseconds}{uncached}"),
+        "count": ("counter", f"Number of inferences performed{uncached}"),
+        "exec_count": ("counter", f"Number of model executions performed{uncached}"),
+        "pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+        "queue_duration_us": ("counter", f"Cumulative inference queuing {microseconds}{cached}"),
+        "queue_summary_us": ("summary", f"Summary of inference queuing {microseconds}{cached}"),
+        "request_duration_us": ("counter", f"Cumulative inference request {microseconds}{cached}"),
+        "request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
+        "request_success": ("counter", "Number of successful inference requests, all batch sizes"),
+        "request_summary_us": ("summary", f"Summary of inference request {microseconds}{cached}"),
+    }
+    return {f"nv_inference_{name}": shape(f"nv_inference_{name}", kind, help_text)
+            for name, (kind, help_text) in families.items()}
+
+
+#: Triton 2.51's per-model ``nv_inference_*`` families (``_shape``) after 3 requests to double_py with
+#: ``LATENCY_FLAGS``, recorded from a live Triton; the slow ``test_nvidia_tritons_latency_metric_families_as_recorded``
+#: compares a live one with them
+TRITON_LATENCY_FAMILIES: dict[str, tuple] = _triton_latency_families()
+
+
+def test_latency_metric_families_match_nvidia_tritons(threaded_server, tmp_path):
+    """The same ``--metrics-config`` and model as Triton 2.51 (``TRITON_LATENCY_FAMILIES``): identical per-model
+    families."""
+    from serving_pod.core.latency_metrics import parse_metrics_config
+
+    repository = _double_py_repository(tmp_path)
+    settings, warnings = parse_metrics_config(flag.split("=", 1)[1].split("=", 1) for flag in LATENCY_FLAGS)
     assert warnings == []
     server = threaded_server([repository], latency_metrics=settings)
     for _ in range(3):
@@ -298,12 +350,20 @@ def test_latency_metric_families_match_nvidia_tritons(threaded_server, tmp_path)
         tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
         server.client("http").infer("double_py", [tensor])
     ferry = _families(server)
+    assert sorted(name for name in ferry if name.startswith("nv_inference_")) == sorted(TRITON_LATENCY_FAMILIES)
+    for name, shape in TRITON_LATENCY_FAMILIES.items():
+        assert _shape(ferry[name]) == shape, name
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_latency_metric_families_as_recorded(tmp_path):
+    triton = _triton_families(_double_py_repository(tmp_path), LATENCY_FLAGS)
     per_model = sorted(name for name in triton if name.startswith("nv_inference_"))
     assert [name for name in per_model if name.endswith("_summary_us")] == sorted(
         f"nv_inference_{n}_summary_us" for n in ("request", "queue", "compute_input", "compute_infer", "compute_output"))
-    assert sorted(name for name in ferry if name.startswith("nv_inference_")) == per_model
+    assert per_model == sorted(TRITON_LATENCY_FAMILIES)
     for name in per_model:
-        assert _shape(ferry[name]) == _shape(triton[name]), name
+        assert _shape(triton[name]) == TRITON_LATENCY_FAMILIES[name], name
 
 
 def test_non_finite_histogram_buckets_fail_the_load_with_the_reason(threaded_server, tmp_path):
@@ -397,10 +457,60 @@ def _scrape_until(url: str, done) -> str:  # type: ignore[no-untyped-def]
         time.sleep(0.1)
 
 
+_CACHE_SIZE, _CACHE_REQUESTS = 1 << 20, (1.0, 1.0, 2.0)  # miss, hit, miss
+_CACHE_COUNTS = [f"nv_cache_num_{n}" for n in ("entries", "hits", "misses", "lookups", "evictions")]
+
+_TRITON_CACHE_SCRAPE_ORDER = [
+    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
+    "nv_inference_request_duration_us", "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us", "nv_cache_num_hits_per_model",
+    "nv_cache_hit_duration_per_model", "nv_cache_num_misses_per_model", "nv_cache_miss_duration_per_model",
+    "nv_inference_pending_request_count", "nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes",
+    "nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes", *_CACHE_FAMILIES]
+#: Triton 2.51's scrape before and after ``_CACHE_REQUESTS`` to double_py with a local cache of ``_CACHE_SIZE``
+#: bytes: (every family's name in scrape order, ``_CACHE_COUNTS``' values). Recorded from a live Triton; the slow
+#: ``test_nvidia_tritons_response_cache_families_as_recorded`` compares a live one with them.
+TRITON_CACHE_SCRAPES: list[tuple[list[str], list[float]]] = [(_TRITON_CACHE_SCRAPE_ORDER, [0, 0, 0, 0, 0]),
+                                                              (_TRITON_CACHE_SCRAPE_ORDER, [2, 1, 2, 3, 0])]
+#: ``_shape`` of Triton 2.51's ``_CACHE_FAMILIES`` (recorded with ``TRITON_CACHE_SCRAPES``): unlabelled gauges
+TRITON_CACHE_SHAPES = {name: ("gauge", help_text, [(name, ())]) for name, help_text in _CACHE_FAMILIES.items()}
+
+
+def _cache_scrapes(client, module, url: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """The scrape before and after ``_CACHE_REQUESTS``."""
+    before = httpx.get(url, timeout=10).text
+    for value in _CACHE_REQUESTS:
+        tensor = module.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
+        client.infer("double_py", [tensor])
+    return before, _scrape_until(url, lambda values: values.get("nv_cache_num_lookups") == len(_CACHE_REQUESTS))
+
+
+def _cache_scrape_summary(text: str) -> tuple[list[str], list[float]]:
+    values = _cache_values(text)
+    return [f.name for f in text_string_to_metric_families(text)], [values[n] for n in _CACHE_COUNTS]
+
+
 def test_response_cache_families_match_nvidia_tritons(threaded_server, tmp_path):
-    """The same cache, model and requests on Triton 2.51 and Ferry: the same families (names, help, types, labels),
-    in the same place of the scrape, with the same counts before and after."""
-    import shutil
+    """The same cache, model and requests as on Triton 2.51 (``TRITON_CACHE_SCRAPES``): the same families (names,
+    help, types, labels), in the same place of the scrape, with the same counts before and after."""
+    repository = _double_py_repository(tmp_path, "\nresponse_cache { enable: true }\n")
+    server = threaded_server([repository], cache_config={"local": {"size": str(_CACHE_SIZE)}})
+    ferry = _cache_scrapes(server.client("http"), server.module("http"), server.metrics_url)
+    for (their_names, their_counts), ferry_text in zip(TRITON_CACHE_SCRAPES, ferry, strict=True):
+        ours = {f.name: f for f in text_string_to_metric_families(ferry_text)}
+        assert [name for name in their_names if name.startswith("nv_cache_")] == \
+            [name for name in ours if name.startswith("nv_cache_")]
+        assert [name for name in their_names if name in ours] == [name for name in ours if name in their_names]
+        for name in _CACHE_FAMILIES:
+            assert _shape(ours[name]) == TRITON_CACHE_SHAPES[name], name
+        assert [_cache_values(ferry_text)[n] for n in _CACHE_COUNTS] == their_counts
+    assert [_cache_values(ferry[1])[n] for n in _CACHE_COUNTS] == [2, 1, 2, 3, 0]
+    assert 0 < _cache_values(ferry[1])["nv_cache_util"] < 1
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_response_cache_families_as_recorded(tmp_path):
     from pathlib import Path
 
     import tritonclient.http as httpclient
@@ -409,41 +519,18 @@ def test_response_cache_families_match_nvidia_tritons(threaded_server, tmp_path)
 
     # bin/tritonserver -> caches/local/libtritoncache_local.so, which Triton looks for in /opt/tritonserver otherwise
     caches = Path(triton_or_skip().command()[0]).parents[1] / "caches"
-    repository = tmp_path / "repo"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "double_py",
-                    repository / "double_py", ignore=shutil.ignore_patterns("__pycache__"))
-    config = repository / "double_py" / "config.pbtxt"
-    config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
-    size, requests = 1 << 20, (1.0, 1.0, 2.0)  # miss, hit, miss
-
-    def run(client, module, url: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
-        before = httpx.get(url, timeout=10).text
-        for value in requests:
-            tensor = module.InferInput("INPUT0", [1, 16], "FP32")
-            tensor.set_data_from_numpy(np.full((1, 16), value, np.float32))
-            client.infer("double_py", [tensor])
-        return before, _scrape_until(url, lambda values: values.get("nv_cache_num_lookups") == len(requests))
-
-    with running_triton(repository, ["double_py"], f"--cache-config=local,size={size}",
+    repository = _double_py_repository(tmp_path, "\nresponse_cache { enable: true }\n")
+    with running_triton(repository, ["double_py"], f"--cache-config=local,size={_CACHE_SIZE}",
                         f"--cache-directory={caches}") as (http, _, metrics):
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
-        triton = run(client, httpclient, f"http://127.0.0.1:{metrics}/metrics")
+        triton = _cache_scrapes(client, httpclient, f"http://127.0.0.1:{metrics}/metrics")
         client.close()
-    server = threaded_server([repository], cache_config={"local": {"size": str(size)}})
-    ferry = run(server.client("http"), server.module("http"), server.metrics_url)
-
-    counts = [f"nv_cache_num_{n}" for n in ("entries", "hits", "misses", "lookups", "evictions")]
-    for triton_text, ferry_text in zip(triton, ferry):
-        theirs = {f.name: f for f in text_string_to_metric_families(triton_text)}
-        ours = {f.name: f for f in text_string_to_metric_families(ferry_text)}
-        assert [name for name in theirs if name.startswith("nv_cache_")] == \
-            [name for name in ours if name.startswith("nv_cache_")]
-        assert [name for name in theirs if name in ours] == [name for name in ours if name in theirs]  # same order
+    assert [_cache_scrape_summary(text) for text in triton] == TRITON_CACHE_SCRAPES
+    for text in triton:
+        theirs = {f.name: f for f in text_string_to_metric_families(text)}
         for name in _CACHE_FAMILIES:
-            assert _shape(ours[name]) == _shape(theirs[name]), name
-        assert [_cache_values(ferry_text)[n] for n in counts] == [_cache_values(triton_text)[n] for n in counts]
-    assert [_cache_values(ferry[1])[n] for n in counts] == [2, 1, 2, 3, 0]
-    assert 0 < _cache_values(ferry[1])["nv_cache_util"] < 1 and 0 < _cache_values(triton[1])["nv_cache_util"] < 1
+            assert _shape(theirs[name]) == TRITON_CACHE_SHAPES[name], name
+    assert 0 < _cache_values(triton[1])["nv_cache_util"] < 1
 
 
 FLAKY_CONFIG = """
@@ -533,6 +620,7 @@ def test_duration_counters_are_successes_truncated_request_by_request(tmp_path):
     _check_durations(seen)
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half above runs by default
 def test_triton_duration_counters_are_successes_truncated_request_by_request(tmp_path):
     """Side by side: Triton 2.51 behaves as the test above expects (skipped where it cannot be had)."""
     from support.triton import running_triton

@@ -4,7 +4,8 @@ The mapping rules are Triton 2.51's (``src/http_server.cc``); the error answers 
 model are compared side by side (its generate endpoint crashes the python backend stub on BYTES inputs in that
 release, so successful answers are checked against the rules instead), and so are the answers of a decoupled model
 that mixes responses and errors: status 400 when the first answer is an error, every answer an event, and
-``/generate``'s one-answer rule counting errors too.
+``/generate``'s one-answer rule counting errors too. Triton's answers are recorded in ``MIXED`` and ``ERRORS``:
+Ferry runs against them by default, a live Triton in the slow ``..._as_recorded`` tests.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def _i(position: int) -> str:
 
 ONE_RESPONSE = json.dumps({"error": generate.ONE_RESPONSE}, separators=(",", ":"))
 
-#: mixed's plan -> (status, body) of /generate and of /generate_stream, as Triton 2.51 answers
+#: mixed's plan -> (status, body) of /generate and of /generate_stream, as Triton 2.51 answers (recorded from a live
+#: Triton; the slow ``test_errors_among_responses_match_nvidia_tritons`` compares a live one with it)
 MIXED = {
     1: ((200, _i(0)), (200, f"data: {_i(0)}\n\n")),
     2: ((400, '{"error":"error 0"}'), (400, 'data: {"error":"error 0"}\n\n')),
@@ -230,8 +232,9 @@ def test_errors_among_responses_are_answered_as_triton_does(threaded_server, rep
     assert _mixed_answers(f"http://{server.http_url}") == MIXED
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_errors_among_responses_match_nvidia_tritons(repository):
-    """Side by side with Triton 2.51 (skipped where it cannot be had): the same table."""
+    """A live Triton 2.51 (skipped where it cannot be had) gives the recorded table."""
     from support.triton import running_triton
 
     with running_triton(repository, ["mixed"]) as (http, _, _):
@@ -289,32 +292,55 @@ def test_an_encoded_body_is_refused(threaded_server, repository, encoding):
     assert answer.status_code == 200
 
 
+#: the failures Triton 2.51's generate endpoint answers correctly: (path, body, headers)
+ERROR_CASES = [
+    ("textgen/generate", {"text_input": ["a", "b"]}, {}),
+    ("textgen/generate", {"text_input": "x", "bad": [1, 2]}, {}),
+    ("missing/generate", {"a": 1}, {}),
+    ("textgen/versions/7/generate", {"text_input": "v"}, {}),
+    ("counter/generate_stream", {"N": -1}, {}),
+    ("counter/generate", {"N": -2}, {}),
+    ("counter/generate_stream", {"N": 1}, {"Content-Encoding": "gzip"}),
+    ("missing/generate", {"N": 1}, {"Content-Encoding": "gzip"}),
+]
+
+_JSON, _EVENTS = "application/json", "text/event-stream; charset=utf-8"
+#: (status, content type, body) of each of ``ERROR_CASES``, as Triton 2.51 answers (recorded from a live Triton; the
+#: slow ``test_nvidia_tritons_error_answers_as_recorded`` compares a live one with them)
+ERRORS = [
+    (400, _JSON, '{"error":"The schema can not convert input \'text_input\' to tensor with proper shape"}'),
+    (400, _JSON, '{"error":"parameter \'bad\' has invalid type. It should be either \'int\', \'bool\', or '
+                 '\'string\'."}'),
+    (404, _JSON, '{"error":"Request for unknown model: \'missing\' is not found"}'),
+    (404, _JSON, '{"error":"Request for unknown model: \'textgen\' version 7 is not found"}'),
+    (400, _EVENTS, 'data: {"error":"negative count"}\n\n'),
+    (200, _JSON, '{"error":"generate expects model to produce exactly 1 response, use generate stream for model that '
+                 'generates various number of responses"}'),
+    (400, _JSON, '{"error":"Unsupported content-encoding, only \'identity\' is supported."}'),
+    (404, _JSON, '{"error":"Request for unknown model: \'missing\' is not found"}'),
+]
+
+
+def _error_answers(url: str) -> list:
+    got = []
+    for path, body, headers in ERROR_CASES:
+        answer = httpx.post(f"{url}/v2/models/{path}", content=json.dumps(body), headers=headers, timeout=30)
+        got.append((answer.status_code, answer.headers["content-type"], answer.text))
+    return got
+
+
 def test_error_answers_match_nvidia_tritons(threaded_server, repository):
-    """The failures Triton 2.51's generate endpoint answers correctly, side by side: same status, same message."""
+    """The failures Triton 2.51's generate endpoint answers correctly: same status, same message."""
+    server = threaded_server([repository])
+    assert _error_answers(f"http://{server.http_url}") == ERRORS
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_error_answers_as_recorded(repository):
     from support.triton import running_triton
 
-    cases = [
-        ("textgen/generate", {"text_input": ["a", "b"]}, {}),
-        ("textgen/generate", {"text_input": "x", "bad": [1, 2]}, {}),
-        ("missing/generate", {"a": 1}, {}),
-        ("textgen/versions/7/generate", {"text_input": "v"}, {}),
-        ("counter/generate_stream", {"N": -1}, {}),
-        ("counter/generate", {"N": -2}, {}),
-        ("counter/generate_stream", {"N": 1}, {"Content-Encoding": "gzip"}),
-        ("missing/generate", {"N": 1}, {"Content-Encoding": "gzip"}),
-    ]
-
-    def answers(url: str) -> list:
-        got = []
-        for path, body, headers in cases:
-            answer = httpx.post(f"{url}/v2/models/{path}", content=json.dumps(body), headers=headers, timeout=30)
-            got.append((answer.status_code, answer.headers["content-type"], answer.text))
-        return got
-
     with running_triton(repository, ["textgen", "counter"]) as (http, _, _):
-        expected = answers(f"http://127.0.0.1:{http}")
-    server = threaded_server([repository])
-    assert answers(f"http://{server.http_url}") == expected
+        assert _error_answers(f"http://127.0.0.1:{http}") == ERRORS
 
 
 # -- a response that JSON cannot hold, and the model's stream -------------------------------------------
