@@ -5,7 +5,8 @@ among them: ``requested_output_names()`` is a ``set`` (on a request ``execute`` 
 ``TritonError`` code is a member of Triton's ``__ErrorCode`` enum (equal to its number, but a bare number is no
 code: pybind11's ``TypeError``), ``InferenceResponse`` refuses anything but a sequence of tensors and a
 ``TritonError`` where the model builds it, and ``auto_complete_config``'s ``ModelConfig`` words a refusal as Triton
-does (checked against Triton's own ``triton_python_backend_utils.py``, which is pure Python).
+does (checked against Triton's own ``triton_python_backend_utils.py``, which is pure Python). Triton's answers are
+recorded (``EXPECTED``, ``TRITONS_EDITS``): Ferry runs against them by default, Triton under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ _ERROR = ("TritonError(message: str, code: c_python_backend_utils.TritonError.__
 _RESPONSE = ("InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], "
              "error: c_python_backend_utils.TritonError = None)")
 
-#: Triton 2.51's answers, call by call
+#: Triton 2.51's answers, call by call (recorded from a live Triton; the slow ``test_tritons_answers`` compares a live
+#: one with them)
 EXPECTED = [
     "str:'set'",
     "list:['OTHER', 'OUT']",
@@ -145,6 +147,7 @@ def test_a_model_sees_the_api_as_in_triton(answers: list[str], call: int) -> Non
     assert answers[call] == EXPECTED[call], CALLS[call]
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half (test_a_model_sees_the_api_as_in_triton) runs by default
 def test_tritons_answers(answers: list[str], repository: Path) -> None:
     """Side by side with Triton 2.51 (skipped where it cannot be had): ``EXPECTED`` are its answers, and Ferry's."""
     from support.triton import running_triton
@@ -206,9 +209,54 @@ def _tritons_utils() -> Any:
     return module
 
 
+_SEQUENCE = {**_BASE, "sequence_batching": {}}
+
+
+def _refused(reason: str) -> tuple[str, str]:
+    return (f"ValueError: {reason}",) * 2
+
+
+def _changed(**fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {**_BASE, **fields}, {**_SEQUENCE, **fields}
+
+
+_IN = "in auto-complete-config function for model 'm'"
+#: each of ``EDITS`` on (``_BASE``, ``_SEQUENCE``) through Triton 2.51's own ``triton_python_backend_utils.ModelConfig``
+#: (``_edited``): recorded from the file in Triton's install; the slow ``test_tritons_own_model_config_as_recorded``
+#: compares that file's answers with them
+TRITONS_EDITS: dict[str, tuple[Any, Any]] = {
+    "batch": _changed(max_batch_size=8),
+    "input": _changed(input=[*_BASE["input"], {"name": "Z", "data_type": "TYPE_INT32", "dims": [1], "optional": True}]),
+    "same input": (_BASE, _SEQUENCE),
+    "input dims": _refused("model 'm', tensor 'X': the model expects dims [3] but the model configuration specifies "
+                           "dims [2]"),
+    "input type": _refused("unable to load model 'm', configuration expects datatype TYPE_FP32 for input 'X', model "
+                           "provides TYPE_INT32"),
+    "input extra": _refused(f"input 'Z' {_IN} contains property other than 'name', 'data_type', 'dims' and "
+                            "'optional'."),
+    "input no type": _refused(f"input 'Z' {_IN} is missing 'data_type' property."),
+    "input no dims": _refused(f"input 'Z' {_IN} is missing 'dims' property."),
+    "output extra": _refused(f"output 'W' {_IN} contains property other than 'name', 'data_type' and 'dims'."),
+    "output dims": _refused("model 'm', tensor 'Y': the model expects dims [1] but the model configuration specifies "
+                            "dims [2]"),
+    "dynamic": ({**_BASE, "dynamic_batching": {}},
+                "ValueError: Configuration specified scheduling_choice as 'sequence_batching', but auto-complete-config "
+                "function for model 'm' tries to set scheduling_choice as 'dynamic_batching'"),
+    "decoupled": _changed(model_transaction_policy={"decoupled": True}),
+    "policy extra": _refused(f"model transaction property {_IN} contains property other than 'decoupled'."),
+}
+
+
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_model_config_edits_as_tritons_own(edit: str) -> None:
-    """The same edits through Triton 2.51's ``triton_python_backend_utils.ModelConfig`` (skipped without Triton)."""
+    """The same edits as through Triton 2.51's ``triton_python_backend_utils.ModelConfig`` (``TRITONS_EDITS``)."""
+    for base, theirs in zip((_BASE, _SEQUENCE), TRITONS_EDITS[edit], strict=True):
+        assert _edited(ModelConfig, EDITS[edit], base) == theirs
+
+
+@pytest.mark.slow  # needs Triton's install (hundreds of MB) for one pure-Python file: the default suite uses the record
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_tritons_own_model_config_as_recorded(edit: str) -> None:
     tritons = _tritons_utils().ModelConfig
-    for base in (_BASE, {**_BASE, "sequence_batching": {}}):
-        assert _edited(ModelConfig, EDITS[edit], base) == _edited(tritons, EDITS[edit], base)
+    for base, theirs in zip((_BASE, _SEQUENCE), TRITONS_EDITS[edit], strict=True):
+        assert _edited(tritons, EDITS[edit], base) == theirs
