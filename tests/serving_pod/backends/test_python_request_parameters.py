@@ -4,6 +4,8 @@ Seen on Triton 2.51: the parameters the server consumes (``binary_data_output`` 
 ``timeout``, ``sequence_*``) are hidden; custom ones and forwarded headers are shown; and a request-level
 ``binary_data_size`` (meaningful on an input only) is nobody's, so the model sees it, over HTTP and gRPC alike
 (Ferry hid it). Over gRPC ``binary_data_output`` and ``priority`` as parameters are refused before the model.
+The tables (``HTTP_CASES``, ``GRPC_CASES``) were recorded from a live Triton 2.51: Ferry runs against them by default,
+a live Triton (``test_triton_shows_the_parameters_the_table_says``) under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def test_ferry_shows_the_parameters_triton_shows(repository: Path) -> None:
     assert seen == EXPECTED
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_triton_shows_the_parameters_the_table_says(repository: Path) -> None:
     from support.triton import running_triton
 
