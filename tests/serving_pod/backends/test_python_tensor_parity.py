@@ -4,7 +4,8 @@ Triton's binding has one signature, ``Tensor(arg0: str, arg1: numpy.ndarray)``: 
 None, keywords) is pybind11's ``TypeError``; a dtype outside Triton's (unicode ``U`` arrays, complex, big-endian)
 is ``TritonModelException: NumPy dtype is not supported.``; a non-contiguous array becomes a C-contiguous one; a
 0-d array, an object array of str and a ``bytes`` name are taken. Each is a model's own error: the request goes on
-(the model answers with the text here), nothing fails to load.
+(the model answers with the text here), nothing fails to load. Ferry is checked against Triton's recorded answers
+(``EXPECTED``) by default, a live Triton under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ _REFUSED = ("TypeError: __init__(): incompatible constructor arguments. The foll
 _DTYPE = "TritonModelException: NumPy dtype is not supported."
 
 #: (the model's text, the OUT tensor the client gets as (datatype, shape, data) or None), case by case: Triton 2.51's
+#: (recorded from a live Triton; the slow ``test_tritons_answers`` compares a live one with them)
 EXPECTED = [
     (_REFUSED + "'OUT', [1, 2, 3]", None),
     (_REFUSED + "'OUT', 5", None),
@@ -128,6 +130,7 @@ def test_odd_tensor_arguments_are_taken_or_refused_as_in_triton(answers: list[tu
     assert answers[case] == EXPECTED[case], CASES[case]
 
 
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
 def test_tritons_answers(answers: list[tuple[str, Any]], repository: Path) -> None:
     """Side by side with Triton 2.51 (skipped where it cannot be had): ``EXPECTED`` are its answers, and Ferry's."""
     from support.triton import running_triton
