@@ -1,8 +1,9 @@
 """Model configuration and metadata as NVIDIA Triton 2.51 serves them for python models, and which configs it loads.
 
 Each case was sent to Triton 2.51 (CPU, python backend) and to Ferry serving the same models, with and without
-``--disable-auto-complete-config``. Ferry is checked against the recorded answers always, and side by side with Triton
-where it can be had (``support.triton``):
+``--disable-auto-complete-config``. Ferry is checked against the recorded answers always (every model's config and
+metadata over HTTP and gRPC in ``data/recorded/config_triton.json``), a live Triton (``support.triton``) against the
+same record with ``-m slow``:
 
 * ``GET /v2/models/<m>/config``: Triton's text byte for byte, so each message's fields come in the ``.proto`` file's
   declaration order (``name, platform, backend, runtime, version_policy, ...``; ``ModelInstanceGroup``: ``name, kind,
@@ -338,19 +339,45 @@ def test_metadata_lists_the_version_asked_for(ferry, protocol: str) -> None:
     assert listed == dict(METADATA_VERSIONS)
 
 
-def test_config_and_metadata_match_nvidia_tritons(ferry, repository: Path) -> None:
-    from support.triton import running_triton
+#: ``answers`` (through JSON) of Triton 2.51 serving ``served_models(flags)``, by flag set (``auto-complete``,
+#: ``disabled``): recorded from a live Triton; the slow ``test_nvidia_tritons_config_and_metadata_as_recorded``
+#: compares a live one with it
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded" / "config_triton.json"
 
-    flags, http_port, grpc_port = ferry
-    models = served_models(flags)
-    with running_triton(repository, models, *flags) as (triton_http, triton_grpc, _):
-        expected = answers(triton_http, triton_grpc, models)
+
+def _recorded(flags: tuple[str, ...]) -> dict[str, Any]:
+    return json.loads(RECORDED.read_text())["disabled" if flags else "auto-complete"]
+
+
+def _check_tritons(expected: dict[str, Any], flags: tuple[str, ...]) -> None:
+    """What Triton's answers must show: the recorded config texts, and the versions metadata lists."""
     if not flags:
         assert {name: expected[f"HTTP config {name} "][1] for name in TRITON_CONFIGS} == TRITON_CONFIGS
     assert [json.loads(expected[f"HTTP metadata ver_all {version}"][1])["versions"]
             for version, _ in METADATA_VERSIONS] == [versions for _, versions in METADATA_VERSIONS]
-    served = answers(http_port, grpc_port, models)
-    assert {key: (value, expected[key]) for key, value in served.items() if value != expected[key]} == {}
+
+
+def test_config_and_metadata_match_nvidia_tritons(ferry) -> None:
+    flags, http_port, grpc_port = ferry
+    expected = _recorded(flags)
+    _check_tritons(expected, flags)
+    served = json.loads(json.dumps(answers(http_port, grpc_port, served_models(flags))))
+    assert {key: (value, expected.get(key)) for key, value in served.items() if value != expected.get(key)} == {}
+    assert sorted(served) == sorted(expected)
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+@pytest.mark.parametrize("flags", [(), (DISABLED,)], ids=["auto-complete", "disabled"])
+def test_nvidia_tritons_config_and_metadata_as_recorded(repository: Path, flags: tuple[str, ...]) -> None:
+    from support.triton import running_triton
+
+    models = served_models(flags)
+    with running_triton(repository, models, *flags) as (http, grpc, _):
+        got = json.loads(json.dumps(answers(http, grpc, models)))
+    _check_tritons(got, flags)
+    expected = _recorded(flags)
+    assert {key: (value, expected.get(key)) for key, value in got.items() if value != expected.get(key)} == {}
+    assert sorted(got) == sorted(expected)
 
 
 # --- which configs load ------------------------------------------------------------------------------------------
