@@ -7,7 +7,8 @@ nowhere), a queue-full refusal (counted nowhere), queue timeouts (``REJECTED``),
 fails (``OTHER``, twice per request as in Triton), a decoupled model over a gRPC stream (one success per request,
 whatever its responses), two versions. Every ``nv_inference_*`` family must have the same type, help text and
 series, and the same value where it is a count (not a duration); Triton's are recorded here (``FAMILIES``,
-``COUNTS``, ``FAILURES``): Ferry runs against them by default, Triton in a slow test. Custom metrics of a python
+``COUNTS``, ``FAILURES``, ``TRITON_QUANTILES``, ``TRITON_OPERATED``, ``TRITON_CUSTOM_LINES``): Ferry runs against
+them by default, Triton in slow tests. Custom metrics of a python
 model (``pb_utils.MetricFamily``) must read and print the same, and misuse must get the same messages.
 
 Kept different on purpose, where Triton 2.51 is junk:
@@ -241,18 +242,29 @@ def test_nvidia_triton_request_metrics_as_recorded(repository: Path) -> None:
         assert _deterministic(triton[name]) == _expected(name), name
 
 
+QUANTILE_FLAGS = ("--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.25:2,0.75:0.01")
+#: the queue summary's (sample name, quantile) with ``QUANTILE_FLAGS`` after one request, as Triton 2.51 exports it
+#: (recorded from a live Triton; the slow ``test_nvidia_tritons_summary_quantiles_as_recorded`` compares a live one)
+TRITON_QUANTILES = [("nv_inference_queue_summary_us", "0.25"), ("nv_inference_queue_summary_us", "0.75"),
+                    ("nv_inference_queue_summary_us_count", None), ("nv_inference_queue_summary_us_sum", None)]
+
+
+def _quantiles(server: Any, repository: Path) -> list[tuple[str, str | None]]:
+    with server(repository, ("ident",), QUANTILE_FLAGS) as (http, _, metrics):
+        assert _post(http, "ident", _rows([1, 2])) == 200
+        family = _scrape(metrics)["nv_inference_queue_summary_us"]
+    return sorted((s.name, s.labels.get("quantile")) for s in family.samples)
+
+
 def test_summary_quantiles_match_nvidia_tritons(repository: Path) -> None:
     """``summary_quantiles`` with an error over 1: Triton takes the pair (the error only loosens its estimate); Ferry
     refused it and, with no pair left, exported its five default quantiles instead."""
-    flags = ("--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.25:2,0.75:0.01")
-    seen = []
-    for server in (_triton, _ferry):
-        with server(repository, ("ident",), flags) as (http, _, metrics):
-            assert _post(http, "ident", _rows([1, 2])) == 200
-            family = _scrape(metrics)["nv_inference_queue_summary_us"]
-        seen.append(sorted((s.name, s.labels.get("quantile")) for s in family.samples))
-    assert seen[1] == seen[0] == [("nv_inference_queue_summary_us", "0.25"), ("nv_inference_queue_summary_us", "0.75"),
-                                  ("nv_inference_queue_summary_us_count", None), ("nv_inference_queue_summary_us_sum", None)]
+    assert _quantiles(_ferry, repository) == TRITON_QUANTILES
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_summary_quantiles_as_recorded(repository: Path) -> None:
+    assert _quantiles(_triton, repository) == TRITON_QUANTILES
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -352,33 +364,57 @@ def _custom_text(metrics: int) -> tuple[list[str], str]:
             [l for l in families[family] if l.startswith("#")] + sorted(l for l in families[family] if not l.startswith("#"))], text
 
 
+#: Triton 2.51's answers to ``OPERATIONS`` and its custom lines after them (``_custom_text``), recorded from a live
+#: Triton; the slow ``test_nvidia_tritons_custom_metrics_as_recorded`` compares a live one with them
+TRITON_OPERATED: list[str] = [
+    "2.0 -2.25", "TritonModelException: Failed to create metric. Missing required buckets.",
+    "TritonModelException: Failed to create metric. Unexpected buckets found.", "42.0", "ok", "ok", "4.0 -2.25"]
+TRITON_CUSTOM_LINES: list[str] = [
+    '# HELP custom_counter A counter \\ with "quotes"', "# TYPE custom_counter counter", "custom_counter 1",
+    'custom_counter{a="x\\"y\\\\z\\nw",b="2"} 4',
+    "# HELP custom_gauge A gauge", "# TYPE custom_gauge gauge", 'custom_gauge{model="custom"} -2.25',
+    'custom_gauge{x="y"} +Inf',
+    "# HELP custom_histogram A histogram", "# TYPE custom_histogram histogram",
+    'custom_histogram_bucket{k="v",le="+Inf"} 8', 'custom_histogram_bucket{k="v",le="1"} 4',
+    'custom_histogram_bucket{k="v",le="2.5"} 4', 'custom_histogram_bucket{k="v",le="5"} 6',
+    'custom_histogram_count{k="v"} 8', 'custom_histogram_sum{k="v"} 26.2']
+_RAW_HELP = '# HELP custom_counter A counter \\ with "quotes"'  # Triton prints the backslash raw
+
+
 def test_custom_metrics_match_nvidia_tritons_but_server_family_names(repository: Path) -> None:
-    """The same calls of a python model on Triton 2.51 and Ferry: the same values read, the same messages, the same
-    custom lines on ``/metrics`` (a help text with a backslash: Triton prints it raw, Ferry escapes it). A family
-    named ``nv_inference_count``: Triton hands the model its own (the model counts 100 inferences into it); Ferry
-    printed the family twice, which breaks the scrape, and now refuses the name."""
-    with _triton(repository, ("custom",)) as (http, _, metrics):
-        triton = _operate(http, OPERATIONS), *_custom_text(metrics)
+    """The same calls of a python model as on Triton 2.51 (``TRITON_OPERATED``, ``TRITON_CUSTOM_LINES``): the same
+    values read, the same messages, the same custom lines on ``/metrics`` (a help text with a backslash: Triton prints
+    it raw, Ferry escapes it). A family named ``nv_inference_count``: Triton hands the model its own (the model
+    counts 100 inferences into it); Ferry printed the family twice, which breaks the scrape, and now refuses the
+    name."""
     with _ferry(repository, ("custom",)) as (http, _, metrics):
         ferry = _operate(http, OPERATIONS), *_custom_text(metrics)
         refused = _operate(http, tuple(REFUSED))
         assert _operate(http, ("update",)) == ["6.0 -2.25"]  # the model goes on
     clash = OPERATIONS.index("server_family")
-    assert ferry[0][:clash] + ferry[0][clash + 1:] == triton[0][:clash] + triton[0][clash + 1:]
+    assert ferry[0][:clash] + ferry[0][clash + 1:] == TRITON_OPERATED[:clash] + TRITON_OPERATED[clash + 1:]
     assert ferry[0][:2] == ["2.0 -2.25", "TritonModelException: Failed to create metric. Missing required buckets."]
-    assert (triton[0][clash], ferry[0][clash]) == ("ok", (
+    assert ferry[0][clash] == (
         f"TritonModelException: Error when creating MetricFamily: {_PREFIX}Family name already exists: "
-        "'nv_inference_count' is one of the server's own metric families"))
-    assert 'nv_inference_count{model="custom",version="1"} 107\n' in triton[2]
+        "'nv_inference_count' is one of the server's own metric families")
     assert ferry[2].count("# TYPE nv_inference_count counter") == 1
     assert 'nv_inference_count{model="custom",version="1"} 7\n' in ferry[2]
 
-    raw_help = '# HELP custom_counter A counter \\ with "quotes"'
-    assert raw_help in triton[1] and raw_help.replace("\\", "\\\\") in ferry[1]
+    assert _RAW_HELP.replace("\\", "\\\\") in ferry[1]
     assert [line for line in ferry[1] if not line.startswith("# HELP custom_counter")] == \
-        [line for line in triton[1] if not line.startswith("# HELP custom_counter")]
+        [line for line in TRITON_CUSTOM_LINES if not line.startswith("# HELP custom_counter")]
     assert 'custom_gauge{x="y"} +Inf' in ferry[1] and 'custom_histogram_bucket{k="v",le="2.5"} 4' in ferry[1]
     assert refused == [f"TritonModelException: {message}" for message in REFUSED.values()]
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same expected answers
+def test_nvidia_tritons_custom_metrics_as_recorded(repository: Path) -> None:
+    with _triton(repository, ("custom",)) as (http, _, metrics):
+        triton = _operate(http, OPERATIONS), *_custom_text(metrics)
+    assert triton[0][OPERATIONS.index("server_family")] == "ok"
+    assert 'nv_inference_count{model="custom",version="1"} 107\n' in triton[2]
+    assert _RAW_HELP in triton[1]
+    assert (triton[0], triton[1]) == (TRITON_OPERATED, TRITON_CUSTOM_LINES)
 
 
 def test_histograms_that_would_break_the_scrape_are_refused(repository: Path) -> None:
