@@ -1,4 +1,8 @@
-"""Shared fixtures: ``server_factory`` starts in-process Ferry servers on free ports and stops them after the test."""
+"""Shared fixtures: ``server_factory`` starts in-process Ferry servers on free ports and stops them after the test.
+
+Also the live-Triton guard: a test not marked ``slow`` (the default suite) cannot start NVIDIA Triton
+(``support.triton.running_triton`` raises), so the default run stays fast and compares with recorded answers.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,19 @@ from typing import Any, AsyncIterator, Callable
 import pytest
 
 from serving_pod.server import FerryServer
+from support import triton
 from support.server import ServerHandle, ServerThread, make_options
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Setup, call and teardown of a test not marked ``slow`` (module fixtures it sets up included) may not start
+    a live Triton."""
+    triton.forbid_live_triton(None if item.get_closest_marker("slow") else item.nodeid)
+    try:
+        return (yield)
+    finally:
+        triton.forbid_live_triton(None)
 
 
 @pytest.fixture

@@ -13,6 +13,10 @@ reach the server empty: every answer has ``binary_data_size: 0``, so Triton did 
 for and answered wrongly. The stub starts Python in isolated mode (no ``PYTHONPATH``, no user site), so
 :func:`triton_repositories` hands Triton copies of the repositories whose python ``model.py`` files first put
 ``numpy==1.26.4`` (unzipped into ``.tools/``) on ``sys.path``; the models are otherwise the same files.
+
+Live Triton only in slow tests: tests/conftest.py calls :func:`forbid_live_triton` around every test not marked
+``slow``, and :func:`running_triton` then refuses to start, as does :func:`cached_triton` (so :func:`triton_or_skip`
+and the tests' own launchers too): the default suite compares with recorded answers and never installs Triton.
 """
 
 from __future__ import annotations
@@ -44,6 +48,26 @@ PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 STUB_NUMPY_REQUIREMENT = "numpy==1.26.4"  # the stub's numpy (module docstring)
 _PREFIXES = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
 _STUB = "triton_python_backend_stub"
+
+#: the node id of the running test that may not start a live Triton (not marked slow); None: allowed
+_live_forbidden_in: str | None = None
+
+
+class LiveTritonForbidden(RuntimeError):
+    """:func:`running_triton` or :func:`cached_triton` called from a default-suite test (one not marked ``slow``)."""
+
+
+def forbid_live_triton(test: str | None) -> None:
+    """Forbid :func:`running_triton` and :func:`cached_triton` while ``test`` (a pytest node id) runs; ``None``
+    allows them again."""
+    global _live_forbidden_in
+    _live_forbidden_in = test
+
+
+def _refuse_in_default_suite() -> None:
+    if _live_forbidden_in is not None:
+        raise LiveTritonForbidden(f"live Triton in a default-suite test ({_live_forbidden_in}): mark it "
+                                  "@pytest.mark.slow and compare against recorded answers")
 
 
 def _python_libdir() -> Path:
@@ -150,9 +174,14 @@ def ensure_triton(tools: Path | None = None) -> Located:
 
 
 @functools.cache
-def cached_triton() -> Located:
-    """:func:`ensure_triton` once per process."""
+def _ensured_once() -> Located:
     return ensure_triton()
+
+
+def cached_triton() -> Located:
+    """:func:`ensure_triton` once per process; refused in a default-suite test (module docstring)."""
+    _refuse_in_default_suite()
+    return _ensured_once()
 
 
 def triton_or_skip() -> Located:
@@ -178,9 +207,11 @@ def triton_args(model_repositories: Sequence[Path | str], load_models: Sequence[
 @contextlib.contextmanager
 def running_triton(repository: Path | str, models: Sequence[str], *flags: str) -> Iterator[tuple[int, int, int]]:
     """For tests: Triton serving ``models`` of ``repository`` with ``flags``, ready; yields its (http, grpc,
-    metrics) ports and kills it after. Skips (``triton_or_skip``) where Triton cannot be had."""
+    metrics) ports and kills it after. Skips (``triton_or_skip``) where Triton cannot be had; refuses (before that
+    skip, so that it shows where Triton is missing too) in a test that :func:`forbid_live_triton` names."""
     from .server import free_ports, kill_process_group, wait_ready
 
+    _refuse_in_default_suite()
     triton = triton_or_skip()
     http, grpc, metrics = free_ports(3)
     args = triton_args(triton_repositories([repository]), models, http_port=http, grpc_port=grpc, metrics_port=metrics)
