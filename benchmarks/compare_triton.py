@@ -9,6 +9,13 @@ Tools are installed on demand into ``.tools/``. JSON and CSV go to ``benchmarks/
     python -m benchmarks.compare_triton                     # both servers, 2 rounds, ~4 minutes
     python -m benchmarks.compare_triton --servers triton    # the harness against Triton alone
     python -m benchmarks.compare_triton --soak-minutes 5 --ferry-variant "tuned=--log-verbose=0"
+
+Other shapes of work, with the models in ``benchmarks/models`` (benchmarks/README.md has the figures)::
+
+    python -m benchmarks.compare_triton --model double_ensemble           # an ensemble of two python steps
+    python -m benchmarks.compare_triton --model bls_double_py --also-load double_py   # BLS calls
+    python -m benchmarks.compare_triton --model stream_py --protocols grpc --perf-arg=--streaming  # decoupled
+    python -m benchmarks.compare_triton --model large_py                   # 1 MiB tensors in and out
 """
 
 from __future__ import annotations
@@ -56,6 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--servers", default="triton,ferry", help="comma list of triton, ferry (default both)")
     p.add_argument("--model", default="double_py")
     p.add_argument("--model-repository", type=Path, default=servers.BENCH_MODELS)
+    p.add_argument("--also-load", action="append", default=[], metavar="MODEL",
+                   help="another model both servers load (a model the measured one calls, e.g. by BLS; repeatable)")
+    p.add_argument("--perf-arg", action="append", default=[], metavar="ARG",
+                   help="extra perf_analyzer flag for every point, e.g. --perf-arg=--streaming (repeatable)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--concurrency", default="1,16", help="e.g. 1,16 or 1..64 (powers of two)")
@@ -96,8 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rounds < 1 or args.measurement_interval < 100 or args.soak_minutes < 0 or args.warmup < 0:
         p.error("--rounds >= 1, --measurement-interval >= 100 ms, --soak-minutes >= 0 and --warmup >= 0 "
                 "are required")
-    if not (args.model_repository / args.model / "config.pbtxt").exists():
-        p.error(f"model {args.model!r} not found in {args.model_repository}")
+    for model in (args.model, *args.also_load):
+        if not (args.model_repository / model / "config.pbtxt").exists():
+            p.error(f"model {model!r} not found in {args.model_repository}")
     return args
 
 
@@ -113,7 +125,7 @@ def ferry_available() -> str:
 
 
 def build_specs(args: argparse.Namespace, ports: servers.Ports) -> list[servers.ServerSpec]:
-    repos, models = [args.model_repository], [args.model]
+    repos, models = [args.model_repository], [args.model, *args.also_load]
     specs = []
     for name in args.server_list:
         if name == "triton":
@@ -151,18 +163,19 @@ def measure_round(args: argparse.Namespace, spec: servers.ServerSpec, ports: ser
         time.sleep(args.settle)
         idle = srv.rss_bytes() / MIB
         identity = server_identity(ports.http)
-        answer = servers.sample_answer(ports.http, args.model)
+        answer = servers.sample_answer(ports.http, args.model, grpc_port=ports.grpc)
         print(f"[round {round_no}] {spec.name} ({identity}) ready in {startup:.2f} s, idle RSS {idle:.1f} MiB",
               flush=True)
         first = args.protocol_list[0]
         warm = perfcsv.PerfSpec(args.model, ports.url(first), first, max(args.concurrency_levels),
-                                cpus=args.client_cpus)
+                                extra=tuple(args.perf_arg), cpus=args.client_cpus)
         loadgen.warm_up(pa.command(), pa.env, warm, log_dir, f"{spec.name}-r{round_no}-warmup", args.warmup)
         for protocol in args.protocol_list:
             url = ports.url(protocol)
             for conc in args.concurrency_levels:
                 point = perfcsv.PerfSpec(args.model, url, protocol, conc, args.measurement_interval, 99,
-                                         args.stability_percentage, args.max_trials, cpus=args.client_cpus)
+                                         args.stability_percentage, args.max_trials, tuple(args.perf_arg),
+                                         cpus=args.client_cpus)
                 res, measurement, used = loadgen.measure_point(
                     pa.command(), pa.env, point, log_dir, f"{spec.name}-r{round_no}-{protocol}-c{conc}",
                     server=spec.name, round_no=round_no, server_pid=srv.pid, http_port=ports.http,
@@ -256,13 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"answers: {'the same from every server' if len(answers) == 1 else 'DIFFER between servers'} "
           f"({', '.join(sorted({f'{run.server} {run.answer}' for run in runs}))})")
     payload = {
-        "kind": "compare_triton", "started_utc": stamp, "model": args.model,
+        "kind": "compare_triton", "started_utc": stamp, "model": args.model, "also_loaded": args.also_load,
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                  "loadavg_start": load, "loadavg_end": os.getloadavg(), "loopback": loopback.as_dict()},
         "tools": {"perf_analyzer": PERF_ANALYZER_VERSION, "triton": TRITON_VERSION},
         "flags": {"measurement_interval_ms": args.measurement_interval, "percentile": 99, "rounds": args.rounds,
                   "stability_percentage": args.stability_percentage, "max_trials": args.max_trials,
-                  "client_cpus": list(args.client_cpus)},
+                  "client_cpus": list(args.client_cpus), "perf_analyzer_extra": args.perf_arg},
         "servers": [{"name": s.name, "argv": list(s.argv)} for s in specs],
         "measurements": [asdict(m) for m in measurements], "summary": [asdict(s) for s in summaries],
         "ratios": [asdict(r) | {"throughput_ok": r.throughput_ok, "p99_ok": r.p99_ok} for r in ratio_rows],

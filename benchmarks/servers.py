@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import psutil
 
@@ -94,10 +95,11 @@ def triton_spec(name: str, command: Sequence[str], env: Mapping[str, str], repos
     return ServerSpec(name, (*command, *args, *extra), dict(env))
 
 
-def sample_answer(port: int, model: str) -> str:
-    """A digest of ``model``'s answer to one request of seeded data (HTTP, binary tensors, -1 dims as 1), so that
-    runs can check every server computed the same thing. ServerError when an output comes back empty although
-    its shape has elements: a server answering without the model's work (Triton 2.51's stub under numpy 2 did)."""
+def sample_answer(port: int, model: str, *, grpc_port: int = 0) -> str:
+    """A digest of ``model``'s answer to one request of seeded data (binary tensors, -1 dims as 1), so that runs
+    can check every server computed the same thing: over HTTP, or for a decoupled model every response of a gRPC
+    stream (on ``grpc_port``). ServerError when an output comes back empty although its shape has elements: a
+    server answering without the model's work (Triton 2.51's stub under numpy 2 did)."""
     import hashlib
 
     import numpy as np
@@ -107,29 +109,93 @@ def sample_answer(port: int, model: str) -> str:
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=30)
     try:
         metadata = client.get_model_metadata(model)
-        rng = np.random.default_rng(0)
-        inputs = []
-        for spec in metadata["inputs"]:
-            shape = [1 if dim < 0 else dim for dim in spec["shape"]]
-            if spec["datatype"] == "BYTES":
-                data = np.full(shape, b"ferry", dtype=np.object_)
-            else:
-                data = (rng.random(shape) * 100).astype(triton_to_np_dtype(spec["datatype"]))
-            tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
-            tensor.set_data_from_numpy(data, binary_data=True)
-            inputs.append(tensor)
-        outputs = [httpclient.InferRequestedOutput(o["name"], binary_data=True) for o in metadata["outputs"]]
-        result = client.infer(model, inputs, outputs=outputs)
+        decoupled = client.get_model_config(model).get("model_transaction_policy", {}).get("decoupled", False)
     finally:
         client.close()
+    rng = np.random.default_rng(0)
+    inputs = []
+    for spec in metadata["inputs"]:
+        shape = [1 if dim < 0 else dim for dim in spec["shape"]]
+        if spec["datatype"] == "BYTES":
+            data = np.full(shape, b"ferry", dtype=np.object_)
+        else:
+            data = (rng.random(shape) * 100).astype(triton_to_np_dtype(spec["datatype"]))
+        inputs.append((spec["name"], shape, spec["datatype"], data))
+    names = [output["name"] for output in metadata["outputs"]]
+    if decoupled:
+        if not grpc_port:
+            raise ServerError(f"'{model}' is decoupled: its answer is sampled over a gRPC stream (no gRPC port)")
+        results = _streamed(grpc_port, model, inputs, names)
+    else:
+        results = [_unary(port, model, inputs, names)]
     digest = hashlib.sha256()
-    for output in result.get_response()["outputs"]:
-        elements = math.prod(output["shape"])
-        size = (output.get("parameters") or {}).get("binary_data_size")
-        if elements and size == 0:
-            raise ServerError(f"'{model}' answered output '{output['name']}' of shape {output['shape']} with no data")
-        digest.update(output["name"].encode() + np.ascontiguousarray(result.as_numpy(output["name"])).tobytes())
+    for outputs in results:
+        for name, shape, data in outputs:
+            if math.prod(shape) and data.size == 0:
+                raise ServerError(f"'{model}' answered output '{name}' of shape {shape} with no data")
+            digest.update(name.encode() + np.ascontiguousarray(data).tobytes())
     return digest.hexdigest()[:16]
+
+
+#: one output as received: (name, shape the server announced, data)
+Received = tuple[str, list[int], Any]
+
+
+def _unary(port: int, model: str, inputs: list[tuple], names: list[str]) -> list[Received]:
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=30)
+    try:
+        tensors = []
+        for name, shape, datatype, data in inputs:
+            tensor = httpclient.InferInput(name, shape, datatype)
+            tensor.set_data_from_numpy(data, binary_data=True)
+            tensors.append(tensor)
+        result = client.infer(model, tensors, outputs=[httpclient.InferRequestedOutput(n, binary_data=True)
+                                                     for n in names])
+    finally:
+        client.close()
+    received = []
+    for output in result.get_response()["outputs"]:
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        data = result.as_numpy(output["name"]) if size else np.empty(0)
+        received.append((output["name"], output["shape"], data))
+    return received
+
+
+def _streamed(port: int, model: str, inputs: list[tuple], names: list[str]) -> list[list[Received]]:
+    """Every response of one request on a gRPC stream, in order, up to the final flag."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensors = []
+        for name, shape, datatype, data in inputs:
+            tensor = grpcclient.InferInput(name, shape, datatype)
+            tensor.set_data_from_numpy(data)
+            tensors.append(tensor)
+        client.async_stream_infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(n) for n in names],
+                                  enable_empty_final_response=True)
+        received: list[list[Received]] = []
+        while True:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                raise ServerError(f"'{model}' answered with an error: {error}")
+            response = result.get_response()
+            outputs = [(o.name, list(o.shape), result.as_numpy(o.name)) for o in response.outputs]
+            if outputs:
+                received.append(outputs)
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return received
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def http_ready(port: int, timeout: float = 1.0, path: str = "/v2/health/ready") -> bool:

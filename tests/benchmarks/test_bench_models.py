@@ -83,3 +83,53 @@ def test_wide_mlp_is_written_as_a_model_with_the_shipped_config(tmp_path: Path) 
     onnx = pytest.importorskip("onnx")
     model = onnx.load(str(tmp_path / make_models.WIDE_NAME / "1" / "model.onnx"))
     assert [tuple(t.dims) for t in model.graph.initializer if len(t.dims) == 2] == [(256, 2048), (2048, 2048), (2048, 64)]
+
+
+#: the other shapes of work compare_triton measures: model -> (models loaded beside it, OUTPUT0 of each response
+#: for an INPUT0 of x)
+WORKLOADS = {
+    "double_ensemble": (("double_py",), lambda x: [4 * x]),
+    "bls_double_py": (("double_py",), lambda x: [2 * x]),
+    "stream_py": ((), lambda x: [k * x for k in range(1, 5)]),
+    "large_py": ((), lambda x: [x + 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_models_answer_as_their_configs_say(threaded_server, name: str) -> None:
+    """Served by a real Ferry as compare_triton serves them (explicit mode, the model and what it calls); every
+    response's OUTPUT0 is checked, and ``sample_answer`` (the digest compare_triton compares between servers)
+    reads the decoupled model's whole gRPC stream."""
+    import tritonclient.grpc as grpcclient
+
+    from benchmarks import servers
+
+    also, expected = WORKLOADS[name]
+    handle = threaded_server([MODELS], model_control_mode="explicit", load_models=(name, *also))
+    config = _config(MODELS / name / "config.pbtxt")
+    shape = [1, *config.input[0].dims] if config.max_batch_size else list(config.input[0].dims)
+    x = np.random.default_rng(1).random(shape, dtype=np.float32)
+    answers: list = []
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{handle.server.grpc_port}")
+    try:
+        client.start_stream(callback=lambda result, error: answers.append(error or result.as_numpy("OUTPUT0")))
+        tensor = grpcclient.InferInput("INPUT0", shape, "FP32")
+        tensor.set_data_from_numpy(x)
+        client.async_stream_infer(name, [tensor])
+    finally:
+        client.stop_stream()  # waits for the stream to end
+        client.close()
+    assert len(answers) == len(expected(x))
+    for got, want in zip(answers, expected(x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    first = servers.sample_answer(handle.server.http_port, name, grpc_port=handle.server.grpc_port)
+    assert len(first) == 16 and first == servers.sample_answer(handle.server.http_port, name,
+                                                               grpc_port=handle.server.grpc_port)
+
+
+def test_a_decoupled_models_answer_needs_the_grpc_port(threaded_server) -> None:
+    from benchmarks import servers
+
+    handle = threaded_server([MODELS], model_control_mode="explicit", load_models=("stream_py",))
+    with pytest.raises(servers.ServerError, match="'stream_py' is decoupled: its answer is sampled over a gRPC"):
+        servers.sample_answer(handle.server.http_port, "stream_py")
