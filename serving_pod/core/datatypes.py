@@ -272,6 +272,18 @@ def to_raw(datatype: str, array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+def raw_view(datatype: str, array: np.ndarray) -> bytes | memoryview:
+    """``to_raw`` without its copy where the array already has the wire layout: a byte view of the array's memory
+    (a copy only for another dtype, a non-contiguous array or BYTES). For a caller that copies the bytes right away
+    (into a joined body, a region), so the view never outlives what the array holds now."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    dtype = WIRE_TO_NUMPY[datatype]
+    if array.dtype != dtype:
+        array = array.astype(dtype)
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 def fp32_to_bf16(array: np.ndarray) -> np.ndarray:
     """FP32 array -> BF16 bit patterns (uint16, truncation as Triton's clients do)."""
     return (np.ascontiguousarray(array, dtype="<f4").view("<u4") >> 16).astype("<u2")

@@ -351,9 +351,9 @@ def encode_serialized(response: InferResponse) -> bytes:
             _RESPONSE_PREFIXES.clear()
         prefix = _RESPONSE_PREFIXES[key] = message.SerializeToString()
     parts = [prefix]
-    to_raw = datatypes.to_raw
+    raw_view = datatypes.raw_view  # the join below is the one copy of each output's bytes
     for tensor in outputs:
-        raw = to_raw(tensor.datatype, tensor.data)
+        raw = raw_view(tensor.datatype, tensor.data)
         parts += (_RAW_OUTPUT_TAG, templates.varint(len(raw)), raw)
     return b"".join(parts)
 

@@ -208,25 +208,34 @@ class H2Connection(asyncio.Protocol):
                 self._preface_seen = True
             position = 0
             end = len(buffer)
-            while end - position >= 9:
-                high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, position)
-                size = (high << 16) | low
-                if size > MAX_RECEIVE_FRAME:
-                    raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {size} bytes")
-                if end - position - 9 < size:
-                    break
-                start = position + 9
-                position = start + size
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[start:position]))
-                if self.closed:
-                    return
+            # DATA payloads reach the layer above as views of the buffer (it copies them into its message
+            # buffer); the view is released before the buffer is resized
+            view = memoryview(buffer)
+            payload: memoryview | None = None
+            try:
+                while end - position >= 9:
+                    high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, position)
+                    size = (high << 16) | low
+                    if size > MAX_RECEIVE_FRAME:
+                        raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {size} bytes")
+                    if end - position - 9 < size:
+                        break
+                    start = position + 9
+                    position = start + size
+                    payload = view[start:position]
+                    self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload if kind == DATA else bytes(payload))
+                    if self.closed:
+                        return
+            finally:
+                payload = None  # the last slice: the buffer cannot be resized while a view of it lives
+                view.release()
             del buffer[:position]
         except ConnectionError_ as error:
             self.close(error.code, str(error))
 
     # -- receiving ---------------------------------------------------------------------------------------
 
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes | memoryview) -> None:
         if self._headers_in_progress is not None and kind != CONTINUATION:
             raise ConnectionError_(PROTOCOL_ERROR, "expected CONTINUATION")
         if kind == DATA:
@@ -422,21 +431,25 @@ class H2Connection(asyncio.Protocol):
         if end_stream:
             self._end_local(stream)
 
-    def try_send(self, stream: Stream, headers: bytes | None, data: bytes, trailers: bytes) -> bool:
+    def try_send(self, stream: Stream, headers: bytes | None, data: bytes | tuple[bytes, ...],
+                 trailers: bytes) -> bool:
         """A whole response (``headers`` unless already sent, one DATA frame, trailers) in one write, when the
-        windows and the peer's frame size allow it; False: nothing was sent."""
-        size = len(data)
+        windows and the peer's frame size allow it; False: nothing was sent. ``data`` in pieces (a large message
+        apart from its prefix, ``wire.message_frame``) goes out as one vectored write, its pieces not copied."""
+        size = len(data) if type(data) is bytes else sum(map(len, data))
         if size > stream.send_window or size > self.conn_send_window or size > self.peer_max_frame:
             return False
         if stream.local_closed:
             return True
         stream.send_window -= size
         self.conn_send_window -= size
-        frames = [frame(DATA, 0, stream.id, data),
-                  frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers)]
-        if headers is not None:
-            frames.insert(0, frame(HEADERS, FLAG_END_HEADERS, stream.id, headers))
-        self._write(b"".join(frames))
+        end = frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream.id, trailers)
+        start = b"" if headers is None else frame(HEADERS, FLAG_END_HEADERS, stream.id, headers)
+        if type(data) is bytes:
+            self._write(b"".join((start, frame(DATA, 0, stream.id, data), end)))
+        elif not self.closed and self.transport is not None:
+            data_head = _HEADER.pack(size >> 16, size & 0xFFFF, DATA, 0, stream.id)  # one frame of all the pieces
+            self.transport.writelines((start + data_head + data[0], *data[1:], end))
         if self.pings is not None:
             self.pings.sent_data()
         self._end_local(stream)

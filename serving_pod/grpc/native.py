@@ -31,7 +31,7 @@ from serving_pod.grpc.hpack_blocks import encode_headers
 from serving_pod.grpc.unparsable import UNPARSABLE_REQUEST
 from serving_pod.grpc.verbose import RpcLog
 from serving_pod.grpc.wire import (
-    ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, message_frame,
+    ACCEPT_ENCODING, HEADERS_FOR, OK_TRAILERS, RESERVED, RpcError, decompress, joined, message_frame,
     metadata_headers, metadata_value, parse_timeout, response_compression, response_header_list, status_block,
 )
 
@@ -93,24 +93,29 @@ class Call:
                 block = encode_headers(response_header_list(self.compress) + metadata_headers(metadata))
             self.connection.h2.send_headers(self.stream, block)
 
-    def messages(self, final: bool) -> list[bytes]:
-        """Complete length-prefixed messages from the buffer, decompressed."""
+    def messages(self, final: bool, whole: memoryview | bytes | None = None) -> list[bytes]:
+        """Complete length-prefixed messages from the buffer, decompressed; from ``whole`` instead when the request
+        came in one piece (``GrpcConnection.stream_data``), which then never enters the buffer."""
         out: list[bytes] = []
-        buffer = self.buffer
+        buffer: Any = self.buffer if whole is None else whole
         limit = self.connection.server.max_message_size
         position = 0
-        while len(buffer) - position >= 5:
-            compressed = buffer[position]
-            size = int.from_bytes(buffer[position + 1 : position + 5], "big")
-            if size > limit:
-                raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"Received message larger than max ({size} vs. {limit})")
-            if len(buffer) - position - 5 < size:
-                break
-            data = bytes(buffer[position + 5 : position + 5 + size])
-            position += 5 + size
-            out.append(decompress(data, self.encoding, limit) if compressed else data)
-        del buffer[:position]
+        with memoryview(buffer) as view:  # a message is copied once, out of the view (released before the del)
+            while len(buffer) - position >= 5:
+                compressed = buffer[position]
+                size = int.from_bytes(buffer[position + 1 : position + 5], "big")
+                if size > limit:
+                    raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"Received message larger than max ({size} vs. {limit})")
+                if len(buffer) - position - 5 < size:
+                    break
+                data = bytes(view[position + 5 : position + 5 + size])
+                position += 5 + size
+                out.append(decompress(data, self.encoding, limit) if compressed else data)
+        if whole is None:
+            del buffer[:position]
+        else:
+            buffer = buffer[position:]
         if final and buffer:
             raise RpcError(grpc.StatusCode.INTERNAL, "Incomplete gRPC message at the end of the stream")
         return out
@@ -199,8 +204,12 @@ class GrpcConnection:
         call: Call | None = stream.call  # type: ignore[assignment]
         if call is None:
             return
+        whole = None
         if data:
-            call.buffer += data
+            if end_stream and call.queue is None and not call.buffer:
+                whole = data  # a unary request in one DATA frame: its message is copied out of it, not buffered
+            else:
+                call.buffer += data
         try:
             if call.queue is not None:
                 for message in call.messages(end_stream):
@@ -214,7 +223,7 @@ class GrpcConnection:
                 if len(buffer) > limit + 5 or (len(buffer) >= 5 and int.from_bytes(buffer[1:5], "big") > limit):
                     call.messages(False)  # raises RESOURCE_EXHAUSTED (known from the prefix alone)
                 return
-            messages = call.messages(True)
+            messages = call.messages(True, whole)
             if len(messages) != 1:  # a cardinality violation: UNIMPLEMENTED (doc/statuscodes.md)
                 raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"Expected one request message, received {len(messages)}")
         except RpcError as error:
@@ -302,7 +311,8 @@ class GrpcConnection:
         if method.server_streaming:
             async for response in result:
                 call.send_headers()
-                await connection.send_data(call.stream, message_frame(response.SerializeToString(), call.compress))
+                await connection.send_data(call.stream, joined(message_frame(response.SerializeToString(),
+                                                                            call.compress)))
             self._finish(call, context.code() or grpc.StatusCode.OK, context.details())  # type: ignore[union-attr]
             return
         if inspect.isawaitable(result):
@@ -324,7 +334,7 @@ class GrpcConnection:
             return
         if headers is not None:
             connection.send_headers(call.stream, headers)
-        await connection.send_data(call.stream, payload)
+        await connection.send_data(call.stream, joined(payload))
         connection.send_headers(call.stream, trailers, end_stream=True)
 
     def _finish(self, call: Call, code: grpc.StatusCode, details: str) -> None:

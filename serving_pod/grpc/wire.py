@@ -72,13 +72,25 @@ def response_compression(level: str, accepted: bytes) -> bytes | None:
     return candidates[index]
 
 
-def message_frame(data: bytes, algorithm: bytes | None) -> bytes:
-    """One length-prefixed gRPC message, compressed with ``algorithm`` when given."""
+#: an uncompressed message at least this large is not copied behind its 5-byte prefix (``message_frame``)
+WRITE_APART = 64 * 1024
+
+
+def message_frame(data: bytes, algorithm: bytes | None) -> bytes | tuple[bytes, bytes]:
+    """One length-prefixed gRPC message, compressed with ``algorithm`` when given; a large uncompressed one as
+    (prefix, message), for the connection to write side by side (``h2.H2Connection.try_send``) without a copy."""
     if algorithm is None:
+        if len(data) >= WRITE_APART:
+            return PREFIX_OK + len(data).to_bytes(4, "big"), data
         return PREFIX_OK + len(data).to_bytes(4, "big") + data
     packer = zlib.compressobj(wbits=WBITS[algorithm.decode("latin-1")])
     packed = packer.compress(data) + packer.flush()
     return b"\x01" + len(packed).to_bytes(4, "big") + packed
+
+
+def joined(frame: bytes | tuple[bytes, bytes]) -> bytes:
+    """A ``message_frame`` as one ``bytes``, for a writer that takes no pieces."""
+    return frame if type(frame) is bytes else b"".join(frame)
 
 
 class RpcError(Exception):

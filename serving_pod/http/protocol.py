@@ -88,6 +88,8 @@ class KnownHead(NamedTuple):
 #: heads kept per server, and their size, at most (the table is emptied when full)
 KNOWN_HEADS_MAX = 64
 KNOWN_HEAD_BYTES = 4096
+#: a response body at least this large goes out beside its head (a vectored write) instead of joined to it
+WRITE_APART = 64 * 1024
 
 
 class InferCycle:
@@ -319,8 +321,12 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
             parts += (b"content-type: ", content_type, b"\r\ncontent-length: ", b"%d" % len(payload), b"\r\n")
             if not cycle.keep_alive:
                 parts.append(b"connection: close\r\n")
-            parts += (b"\r\n", payload)
-            self.transport.write(b"".join(parts))
+            if len(payload) < WRITE_APART:
+                parts += (b"\r\n", payload)
+                self.transport.write(b"".join(parts))
+            else:  # a large body is not copied behind its head: both go out in one vectored write
+                parts.append(b"\r\n")
+                self.transport.writelines((b"".join(parts), payload))
             if self.access_log:
                 self.access_logger.info('%s - "POST /v2/models/%s/infer HTTP/1.1" %d', self.client, cycle.model,
                                         status)
