@@ -393,6 +393,28 @@ def test_large_request_and_response_over_tritonclient(server):
         client.close()
 
 
+@pytest.mark.parametrize("pieces", [1, 3], ids=["one-data-frame", "three-data-frames"])
+def test_large_message_in_one_frame_each_way(server, raw, pieces: int):
+    """A 300 KB request and response where windows and frame sizes allow: the request read out of the DATA frame(s)
+    it came in (one frame with END_STREAM: never buffered; three: buffered, then read), the response one DATA frame
+    written beside its message prefix (``wire.message_frame``), byte for byte what was sent."""
+    client = raw(server, window=(1 << 24) - 1)
+    client.conn.update_settings({SettingCodes.MAX_FRAME_SIZE: (1 << 24) - 1})
+    client.conn.increment_flow_control_window(1 << 24)
+    client.flush()
+    values = np.random.default_rng(pieces).random(75_000, dtype=np.float32)  # 300 KB
+    body = grpc_frame(infer_request("big", values))
+    sid = client.send(None, end=False)
+    cuts = [len(body) * i // pieces for i in range(pieces + 1)]
+    for start, stop in zip(cuts, cuts[1:]):
+        client.send_data(sid, body[start:stop], end=stop == len(body))
+    reply = client.reply(sid)
+    assert reply.status == 0, reply.message
+    assert reply.frames == [len(reply.data)]  # the whole message in one DATA frame
+    assert reply.infer_output() == values.tolist()
+    assert_raw_serving(client)
+
+
 def test_tiny_client_window_response_complete(server, raw):
     window = 100
     client = raw(server, window=window)
