@@ -272,15 +272,21 @@ def to_raw(datatype: str, array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+#: outputs of at least this many bytes are viewed by ``raw_view``, smaller ones copied
+VIEW_FROM = 16 * 1024
+
+
 def raw_view(datatype: str, array: np.ndarray) -> bytes | memoryview:
     """``to_raw`` without its copy where the array already has the wire layout: a byte view of the array's memory
-    (a copy only for another dtype, a non-contiguous array or BYTES). For a caller that copies the bytes right away
+    (a copy for another dtype, a non-contiguous or small array, or BYTES). For a caller that copies the bytes right away
     (into a joined body, a region), so the view never outlives what the array holds now."""
     if datatype == "BYTES":
         return serialize_bytes(array)
     dtype = WIRE_TO_NUMPY[datatype]
     if array.dtype != dtype:
         array = array.astype(dtype)
+    if array.nbytes < VIEW_FROM:  # a copy of a few bytes costs less than making the view
+        return np.ascontiguousarray(array).tobytes()
     return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
