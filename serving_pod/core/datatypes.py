@@ -264,12 +264,8 @@ def decode_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -
 
 def to_raw(datatype: str, array: np.ndarray) -> bytes:
     """Numpy array -> raw little-endian bytes in the wire layout for ``datatype``."""
-    if datatype == "BYTES":
-        return serialize_bytes(array)
-    dtype = WIRE_TO_NUMPY[datatype]
-    if array.dtype != dtype:
-        array = array.astype(dtype)
-    return np.ascontiguousarray(array).tobytes()
+    raw = raw_view(datatype, array)
+    return raw if type(raw) is bytes else raw.tobytes()
 
 
 #: outputs of at least this many bytes are viewed by ``raw_view``, smaller ones copied

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -297,42 +297,28 @@ class EnsembleScheduler:
         for step in steps:
             for _, tensor in step.input_map:
                 consumers.setdefault(tensor, []).append(step)
-        events: asyncio.Queue | None = None  # the events of steps running as tasks, made when one is
-        answered: list[tuple] = []  # the events of the step run inline
+        events: asyncio.Queue = asyncio.Queue()
         running: set[asyncio.Task] = set()
         launched: set[tuple[int, int]] = set()
         dispatch_ns = 0
         in_flight = 0
 
-        def launch() -> Coroutine[Any, Any, None] | None:
-            """Start every step whose inputs are all there; the one step to await here when it is the only one
-            to run and not decoupled (a chain of steps then runs without a task or a queue per step)."""
-            nonlocal dispatch_ns, in_flight, events
-            ready = []
+        def launch() -> None:
+            nonlocal dispatch_ns, in_flight
             for tensor, iteration in sorted(set(updated)):
                 for step in consumers.get(tensor, ()):
                     if (step.index, iteration) in launched or not all(
                             iteration in values.get(source, {}) for _, source in step.input_map):
                         continue
                     launched.add((step.index, iteration))
-                    ready.append((step, {source: values[source][iteration] for _, source in step.input_map}))
-            if not ready:
-                return None
-            if not dispatch_ns:
-                dispatch_ns = time.monotonic_ns()
-            if len(ready) == 1 and not in_flight and not self._decoupled(ready[0][0]):
-                in_flight = 1
-                step, inputs = ready[0]
-                return self._step(step, inputs, batch_of, request, parameters, compute, answered.append)
-            in_flight += len(ready)
-            if events is None:
-                events = asyncio.Queue()
-            for step, inputs in ready:
-                task = asyncio.create_task(
-                    self._step(step, inputs, batch_of, request, parameters, compute, events.put_nowait))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            return None
+                    inputs = {source: values[source][iteration] for _, source in step.input_map}
+                    if not dispatch_ns:
+                        dispatch_ns = time.monotonic_ns()
+                    in_flight += 1
+                    task = asyncio.create_task(
+                        self._step(step, inputs, batch_of, request, parameters, compute, events.put_nowait))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
 
         def ready_response() -> InferResponse | None:
             for tensor, iteration in updated:
@@ -341,17 +327,11 @@ class EnsembleScheduler:
                         request, {name: values[name][iteration] for name in wanted}, batch_of, wanted)
             return None
 
-        inline = launch()
+        launch()
         updated.clear()
         try:
             while in_flight:
-                if inline is not None:
-                    await inline
-                    inline = None
-                    step, item, final, step_batch = answered.pop()
-                else:
-                    assert events is not None
-                    step, item, final, step_batch = await events.get()
+                step, item, final, step_batch = await events.get()
                 if isinstance(item, ServerError):  # a step's error fails the ensemble (and the rest is cancelled)
                     raise _StepFailed(item, in_flight > final or getattr(item, _UNRELEASED, False))
                 if final:
@@ -361,7 +341,7 @@ class EnsembleScheduler:
                     for model_output, tensor in step.output_map:
                         value = produced.get(model_output)
                         add(tensor, None if value is None else Tensor(tensor, value.datatype, value.data), step_batch)
-                inline = launch()
+                launch()
                 response = ready_response()
                 updated.clear()
                 if response is not None:
@@ -369,8 +349,6 @@ class EnsembleScheduler:
                 elif not in_flight:
                     emit(None, True)
         finally:
-            if inline is not None:
-                inline.close()  # made but never awaited (an emit raised)
             for task in list(running):
                 task.cancel()
         return dispatch_ns or time.monotonic_ns()
@@ -382,13 +360,14 @@ class EnsembleScheduler:
         except ServerError:
             return False
 
-    def _inputs_of(self, step: EnsembleStep) -> tuple[bool, dict[str, tuple[int, ...]]]:
-        """Whether the step's model batches, and its input dims by name (looked up once per loaded version)."""
-        config = self.engine.registry.get(step.model_name, step.model_version).config
+    def _model_of(self, step: EnsembleStep) -> tuple[Any, dict[str, tuple[int, ...]]]:
+        """The step's ready model and its input dims by name (looked up once per loaded version)."""
+        model = self.engine.registry.get(step.model_name, step.model_version)
+        config = model.config
         cached = self._step_inputs.get(step.index)
         if cached is None or cached[0] is not config:
             cached = self._step_inputs[step.index] = (config, {spec.name: tuple(spec.dims) for spec in config.input})
-        return config.max_batch_size > 0, cached[1]
+        return model, cached[1]
 
     async def _step(
         self, step: EnsembleStep, tensors: dict[str, Tensor | None], batch_of: dict[str, int],
@@ -399,7 +378,8 @@ class EnsembleScheduler:
         flag-only final response comes as None. Any error is put too (else ``_run`` would wait for ever)."""
         step_batch = 0
         try:
-            batching, dims = self._inputs_of(step)  # the composing model may have gone (unloaded) meanwhile
+            model, dims = self._model_of(step)  # the composing model may have gone (unloaded) meanwhile
+            batching = model.max_batch_size > 0
             inputs = [
                 Tensor(model_input, value.datatype,
                        batch_reshaped(value.data, dims.get(model_input, ()), batching, batch_of[tensor]))
@@ -419,7 +399,7 @@ class EnsembleScheduler:
                 stats_sink=compute,
                 trace=request.trace,  # the engine traces the step as its child
             )
-            if not self.engine.registry.get(step.model_name, step.model_version).decoupled:
+            if not model.decoupled:
                 put((step, await self.engine.infer(step_request), True, step_batch))
                 return
             async for item in self.engine.stream_infer(step_request):
