@@ -5,8 +5,10 @@ requests at a time (the scheduler decides the list: one request, or a dynamic ba
 one response, or one error, per request, in order. ``execute`` is synchronous and runs on the
 instance's own worker thread, so a slow model never blocks the server's event loop. An instance that
 only waits on another process may also offer ``execute_on_loop``; one whose ``execute`` spends its time in
-native code with the GIL released declares ``releases_gil``, and one that only computes on the CPU (never waits on
-a device or I/O) ``cpu_bound`` (see ``schedulers.instances``).
+native code with the GIL released declares ``releases_gil``, one that only computes on the CPU (never waits on
+a device or I/O) ``cpu_bound``, one that never blocks on the engine ``inline_safe``, and one that blocks only on
+the engine (through ``Engine.infer_from_thread`` and its kin, which may suspend it: ``core/suspend.py``)
+``suspends_on_engine``, with ``on_resume`` to restore its thread state after a wait (see ``schedulers.instances``).
 
 Heavy imports (onnxruntime, tensorrt, a model's own module) happen inside each backend's
 functions, never at import time of this package.

@@ -286,6 +286,7 @@ class PythonModelInstance:
         set_serving(self._owner, True)
         self._execute = self._model.execute
         self.inline_safe = self._never_blocks_on_engine()
+        self.suspends_on_engine = not self.inline_safe and self._blocks_only_on_engine()
         #: ``sequence_batching { iterative_sequence: true }``: a request released with RESCHEDULE runs again
         self._iterative = bool(json.loads(spec.config_json).get("sequence_batching", {}).get("iterative_sequence"))
 
@@ -302,6 +303,27 @@ class PythonModelInstance:
         except (OSError, UnicodeDecodeError):
             return False
         return not any(fragment in source for fragment in self._ENGINE_CALLS)
+
+    #: source fragments of models that may block on something but the engine (another thread, a process) or answer
+    #: through a response sender: their executions stay on the instance's thread
+    _THREAD_CALLS = ("thread", "Thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "get_response_sender",
+                     "async_exec")
+
+    def _blocks_only_on_engine(self) -> bool:
+        """True when ``execute`` may run in a greenlet on the loop thread (``core/suspend.py``): synchronous, not
+        decoupled, and its source blocks only on BLS calls and model loads, made from ``execute`` itself (no threads,
+        processes or event loops of its own, no response sender)."""
+        if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
+            return False
+        try:
+            source = Path(self._spec.model_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return False
+        return not any(fragment in source for fragment in self._THREAD_CALLS)
+
+    def on_resume(self) -> None:
+        """Before an execution suspended on the loop thread goes on: its thread state again (other models ran)."""
+        bind_thread(self._engine, self._spec.version_dir, self._owner)
 
     def _instantiate(self) -> Any:
         spec = self._spec

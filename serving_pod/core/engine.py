@@ -25,7 +25,7 @@ from serving_pod.core.errors import (
 from serving_pod import classification
 from serving_pod.core.custom_metrics import CustomMetrics
 from serving_pod.core.latency_metrics import LatencyMetricsSettings
-from serving_pod.core import outputs
+from serving_pod.core import outputs, suspend
 from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry, parse_version
 from serving_pod.core.types import FinalFlag, InferRequest, InferResponse
@@ -405,36 +405,67 @@ class Engine:
                 self.tracer.finish(trace)
 
     def infer_from_thread(self, request: InferRequest) -> InferResponse:
-        """Blocking inference from a model instance thread (python BLS)."""
-        assert self.loop is not None
-        self._refuse_on_loop_thread()
-        return asyncio.run_coroutine_threadsafe(self.infer(request), self.loop).result()
+        """Blocking inference from a model instance thread (python BLS), or suspending inference from an
+        execution the pool runs on the loop thread (``core/suspend.py``)."""
+        return self._block_on(self.infer(request))
+
+    def _block_on(self, coroutine: Any) -> Any:
+        """``coroutine``'s result for synchronous model code: inside ``suspend.run`` the code suspends until it is in,
+        on any other thread it blocks; elsewhere on the loop thread the call is refused (it would deadlock)."""
+        if suspend.suspendable():
+            return suspend.wait(coroutine)
+        try:
+            assert self.loop is not None
+            self._refuse_on_loop_thread()
+        except BaseException:
+            coroutine.close()
+            raise
+        return suspend.block(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
 
     def stream_from_thread(self, request: InferRequest):
-        """Blocking iterator of a decoupled model's responses, from an instance thread (BLS).
+        """Blocking iterator of a decoupled model's responses, from an instance thread (BLS); read inside
+        ``suspend.run`` on the loop thread, each wait for the next response suspends instead.
 
         Any error ends the iteration (raised), one response's included: BLS outputs carry no
         classification or shared-memory parameters, so ``stream_infer`` yields none here.
         """
         assert self.loop is not None
-        self._refuse_on_loop_thread()
+        loop = self.loop
+        if not suspend.suspendable():
+            self._refuse_on_loop_thread()
         import queue as queue_module
 
         out: queue_module.Queue = queue_module.Queue()
         done = object()
+        #: a reader suspended on the loop thread (``core/suspend.py``) waits on this for the next item
+        wakeups: list[asyncio.Future] = []
+
+        def put(item: Any) -> None:
+            out.put(item)
+            while wakeups:
+                wakeup = wakeups.pop()
+                if not wakeup.done():
+                    wakeup.set_result(None)
 
         async def pump() -> None:
             try:
                 async for response in self.stream_infer(request):
-                    out.put(response)
+                    put(response)
             except ServerError as exc:
-                out.put(exc)
+                put(exc)
             finally:
-                out.put(done)
+                put(done)
 
-        asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        asyncio.run_coroutine_threadsafe(pump(), loop)
         while True:
-            item = out.get()
+            if suspend.suspendable():
+                while out.empty():
+                    wakeup = loop.create_future()
+                    wakeups.append(wakeup)
+                    suspend.wait(wakeup)
+                item = out.get_nowait()
+            else:
+                item = suspend.block_get(out)
             if item is done:
                 return
             if isinstance(item, ServerError):
@@ -456,15 +487,13 @@ class Engine:
         try:
             self._check_explicit()
             assert self.loop is not None
-            if wait:
-                self._refuse_on_loop_thread()
         except BaseException:
             coroutine.close()
             raise
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         if wait:
-            future.result()
+            self._block_on(coroutine)
             return
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
         def logged(done: Any) -> None:
             if not done.cancelled() and done.exception() is not None:

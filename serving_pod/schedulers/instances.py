@@ -18,6 +18,13 @@ which on a busy shared host can pass ``INLINE_SLOW_WALLS`` for minutes and kept 
 ``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
 the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
 
+An instance that declares ``suspends_on_engine`` blocks in its ``execute`` only on the engine (a python model's
+BLS call: ``core/suspend.py``). Judged the same way, its waits on the engine left out of its wall time, it goes
+"inline" by running ``execute`` in a greenlet on the loop thread: each engine call suspends the execution there,
+the loop goes on meanwhile, and no thread is woken at all; the time it holds the loop between its waits is
+what counts against ``INLINE_EXIT_NS``. Such an execution does suspend (``runs_inline`` is False for it), and
+the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait.
+
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child
 process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
 with no thread hop either way; None from it sends that execution to the instance's thread.
@@ -53,6 +60,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 from serving_pod.backends.base import ModelInstance
+from serving_pod.core import suspend
 from serving_pod.core.errors import InternalError, ServerError, execution_error
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse
@@ -76,12 +84,15 @@ HANDOFF_TIMEOUT_S = 0.002
 class _Mode:
     """Per-instance execution-mode bookkeeping (see the module docstring)."""
 
-    __slots__ = ("allowed", "forced", "cpu_bound", "inline", "fast_streak", "slow_walls", "cooldown", "strikes")
+    __slots__ = ("allowed", "forced", "cpu_bound", "suspends", "inline", "fast_streak", "slow_walls", "cooldown",
+                 "strikes")
 
-    def __init__(self, allowed: bool, forced: bool, cpu_bound: bool = False) -> None:
+    def __init__(self, allowed: bool, forced: bool, cpu_bound: bool = False, suspends: bool = False) -> None:
         self.allowed = allowed
         self.forced = forced
         self.cpu_bound = cpu_bound
+        #: runs "inline" in a greenlet that suspends at engine calls (see the module docstring)
+        self.suspends = suspends
         self.inline = forced
         self.fast_streak = 0
         self.slow_walls = 0  # executions of the current streak that took INLINE_EXIT_NS of wall time or more
@@ -150,14 +161,9 @@ class InstancePool:
         #: instances this pool handed over to the next pool of its version: ``close`` leaves them running
         self._handed_over: set[int] = set()
         self._listeners: list[Callable[[], None]] = []
-        self._modes = [
-            _Mode(
-                allowed=execution_mode != "thread" and bool(getattr(instance, "inline_safe", False)),
-                forced=execution_mode == "inline",
-                cpu_bound=bool(getattr(instance, "cpu_bound", False)),
-            )
-            for instance in instances
-        ]
+        self._modes = [_mode(instance, execution_mode) for instance in instances]
+        #: what a suspended execution restores before it goes on (``suspends_on_engine`` instances)
+        self._resume = [getattr(instance, "on_resume", None) for instance in instances]
         #: ``execute_on_loop`` of instances that wait on I/O (an isolated python model's child process)
         self._on_loop = [getattr(instance, "execute_on_loop", None) for instance in instances]
         #: instances whose execution releases the GIL in native code: their worker gets the GIL handed over
@@ -223,7 +229,8 @@ class InstancePool:
 
     def runs_inline(self, index: int) -> bool:
         """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
-        return self._modes[index].inline
+        mode = self._modes[index]
+        return mode.inline and not mode.suspends
 
     def execute(self, index: int, requests: list[InferRequest], answers_later: bool = False) -> Awaitable[list[Result]]:
         """Start ``requests`` on instance ``index`` now; the awaitable gives one result per request.
@@ -244,6 +251,8 @@ class InstancePool:
     def _start(self, index: int, requests: list[InferRequest], answers_later: bool) -> Awaitable[list[Result]]:
         mode = self._modes[index]
         if mode.inline:
+            if mode.suspends:
+                return self._run_suspended(index, requests, answers_later)
             done = asyncio.get_running_loop().create_future()
             done.set_result(self.execute_inline(index, requests, answers_later))
             return done
@@ -255,8 +264,9 @@ class InstancePool:
         return self._finish_threaded(self.run_threaded(index, requests, answers_later), mode, requests, dispatch_ns)
 
     def run_threaded(self, index: int, requests: list[InferRequest],
-                     answers_later: bool = False) -> Awaitable[tuple[list[Result], int, int, int]]:
-        """Start ``requests`` on instance ``index``'s worker thread, uncharged: (results, start, end, thread CPU ns).
+                     answers_later: bool = False) -> Awaitable[tuple[list[Result], int, int, int, int]]:
+        """Start ``requests`` on instance ``index``'s worker thread, uncharged: (results, start, end, thread CPU ns,
+        ns the thread spent blocked on the engine).
 
         The GIL is handed over to the worker when the instance declares ``releases_gil`` (module docstring).
         """
@@ -281,10 +291,20 @@ class InstancePool:
             results = [_later(await asyncio.wrap_future(r)) if type(r) is Future else r for r in results]
         return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
-    async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int]], mode: _Mode,
+    async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int, int]], mode: _Mode,
                                requests: list[InferRequest], dispatch_ns: int) -> list[Result]:
-        results, start_ns, end_ns, cpu_ns = await running
-        mode.after_thread(end_ns - start_ns, cpu_ns)
+        results, start_ns, end_ns, cpu_ns, waited_ns = await running
+        mode.after_thread(end_ns - start_ns - waited_ns, cpu_ns)
+        return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
+
+    async def _run_suspended(self, index: int, requests: list[InferRequest], answers_later: bool) -> list[Result]:
+        """``execute`` in a greenlet on the loop thread, suspended at its engine calls (module docstring)."""
+        dispatch_ns = time.monotonic_ns()
+        held = suspend.Run()
+        results, start_ns, end_ns = await suspend.run(
+            _run, self.instances[index], requests, answers_later, resume=self._resume[index], account=held
+        )
+        self._modes[index].after_inline(held.blocked_ns)
         return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
     def execute_inline(self, index: int, requests: list[InferRequest], answers_later: bool = False) -> list[Result]:
@@ -359,6 +379,16 @@ class InstancePool:
             executor.shutdown(wait=True)
 
 
+def _mode(instance: ModelInstance, execution_mode: str) -> _Mode:
+    suspends = bool(getattr(instance, "suspends_on_engine", False))
+    return _Mode(
+        allowed=execution_mode != "thread" and (suspends or bool(getattr(instance, "inline_safe", False))),
+        forced=execution_mode == "inline",
+        cpu_bound=bool(getattr(instance, "cpu_bound", False)),
+        suspends=suspends,
+    )
+
+
 def _locked() -> threading.Lock:
     lock = threading.Lock()
     lock.acquire()
@@ -367,12 +397,13 @@ def _locked() -> threading.Lock:
 
 def _run_threaded(
     instance: ModelInstance, requests: list[InferRequest], started: threading.Lock | None, answers_later: bool = False
-) -> tuple[list[Result], int, int, int]:
+) -> tuple[list[Result], int, int, int, int]:
     if started is not None:
         started.release()  # the loop goes on once this thread gives up the GIL
     cpu_ns = time.thread_time_ns()
+    waited_ns = suspend.waited_ns()
     results, start_ns, end_ns = _run(instance, requests, answers_later)
-    return results, start_ns, end_ns, time.thread_time_ns() - cpu_ns
+    return results, start_ns, end_ns, time.thread_time_ns() - cpu_ns, suspend.waited_ns() - waited_ns
 
 
 def _run(
@@ -387,8 +418,13 @@ def _run(
     except Exception as exc:  # a backend bug must fail these requests, not the server
         results = [execution_error(f"{type(exc).__name__}: {exc}")] * len(requests)
     if not answers_later and _owed(results):  # a caller that cannot take them: the execution ends with the answers
-        results = [_later(r.result()) if type(r) is Future else r for r in results]
+        take = _suspended_result if suspend.suspendable() else Future.result
+        results = [_later(take(r)) if type(r) is Future else r for r in results]
     return results, start_ns, time.monotonic_ns()
+
+
+def _suspended_result(answer: Future) -> Result:
+    return suspend.wait(asyncio.wrap_future(answer))
 
 
 def _owed(results: list) -> bool:

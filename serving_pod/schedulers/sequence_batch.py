@@ -91,7 +91,7 @@ async def run_padded(pool: instances.InstancePool, index: int, requests: list[In
     Uses the pool's worker thread directly: ``InstancePool.execute`` charges every request as a real one.
     """
     dispatch_ns = time.monotonic_ns()
-    results, start_ns, end_ns, _ = await pool.run_threaded(index, requests)
+    results, start_ns, end_ns, *_ = await pool.run_threaded(index, requests)
     charge_padded(pool, requests, results, real, dispatch_ns, start_ns, end_ns, time.monotonic_ns())
     return results
 

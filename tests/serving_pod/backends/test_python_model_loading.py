@@ -3,7 +3,8 @@
 ``py_loader`` (data/) loads ``py_scale`` copies in ``initialize`` and, as request parameters say,
 in ``execute`` (plain, with a config override, with a file override), runs BLS against them and
 unloads them; every change is checked through tritonclient (repository index, model config). It
-runs in the server process and isolated in its own process. Errors reach the model as
+runs in the server process (on its instance's thread, and on the event loop thread, suspended at each call:
+``core/suspend.py``) and isolated in its own process. Errors reach the model as
 ``TritonModelException`` with Triton's wording and fail only their request.
 """
 
@@ -34,9 +35,13 @@ PLUS_100 = (
 )
 
 
-def _repository(tmp_path: Any, *, isolated: bool, load_on_init: bool) -> Any:
-    install_python_model(tmp_path, "py_loader", "loader", isolated=isolated,
-                         parameters={"LOAD_ON_INIT": "scale_init"} if load_on_init else None)
+#: where ``loader`` executes: its thread, its own process, or the loop thread (suspended at each engine call)
+WHERE = {"in-process": {}, "isolated": {"FERRY_ISOLATED": "true"}, "on-loop": {"ferry_execution_mode": "inline"}}
+
+
+def _repository(tmp_path: Any, *, where: str, load_on_init: bool) -> Any:
+    install_python_model(tmp_path, "py_loader", "loader",
+                         parameters={**WHERE[where], **({"LOAD_ON_INIT": "scale_init"} if load_on_init else {})})
     install_python_model(tmp_path, "py_scale", "scale")
     install_python_model(tmp_path, "py_scale", "scale_init")
     return tmp_path
@@ -63,9 +68,9 @@ def _fails(client: Any, message: str, action: str, model: str, **extra: str) -> 
     assert f"TritonModelException: {message}" in str(failure.value)
 
 
-@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
-def test_a_model_loads_calls_and_unloads_another(threaded_server, tmp_path, isolated: bool) -> None:
-    repo = _repository(tmp_path, isolated=isolated, load_on_init=True)
+@pytest.mark.parametrize("where", list(WHERE))
+def test_a_model_loads_calls_and_unloads_another(threaded_server, tmp_path, where: str) -> None:
+    repo = _repository(tmp_path, where=where, load_on_init=True)
     server = threaded_server([repo], model_control_mode="explicit", load_models=("loader",))
     client = server.client("http")
     assert _state(client, "scale_init") == "READY"  # loaded by loader's initialize
@@ -106,7 +111,7 @@ def test_a_model_loads_calls_and_unloads_another(threaded_server, tmp_path, isol
 
 
 def test_load_and_unload_are_refused_unless_model_control_is_explicit(threaded_server, tmp_path) -> None:
-    server = threaded_server([_repository(tmp_path, isolated=False, load_on_init=False)])  # mode "none"
+    server = threaded_server([_repository(tmp_path, where="in-process", load_on_init=False)])  # mode "none"
     client = server.client("http")
     for verb, action in (("load", "load"), ("unload", "unload")):
         _fails(client, f"Failed to {verb} model: Failed to process the request for model 'loader_0', message: "

@@ -2,8 +2,10 @@
 
 Instances here implement the backend interface directly (``execute``, ``close`` and, for the on-loop path,
 ``execute_on_loop``), so each path is driven on its own: on the instance's thread, awaited on the loop,
-the on-loop path declining (None: the thread runs it) and a backend that raises on either path; and the
-GIL hand-off to the worker thread of an instance that declares ``releases_gil``.
+the on-loop path declining (None: the thread runs it) and a backend that raises on either path; the
+GIL hand-off to the worker thread of an instance that declares ``releases_gil``; and an instance that blocks
+on the engine (``suspends_on_engine``: a BLS model) moving to the loop thread, suspended at its waits, and
+back to its thread when it holds the loop.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import asyncio
 import contextlib
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, AsyncIterator
 
 import numpy as np
 import pytest
 
+from serving_pod.core import suspend
 from serving_pod.core.errors import InternalError
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
@@ -83,8 +87,8 @@ class Raising(Threaded):
         raise RuntimeError("execute blew up")
 
 
-def _pool(instance: Any) -> InstancePool:
-    return InstancePool([instance], ["m_0"], ModelStats("m", "1"), lambda r: 1, execution_mode="thread")
+def _pool(instance: Any, execution_mode: str = "thread") -> InstancePool:
+    return InstancePool([instance], ["m_0"], ModelStats("m", "1"), lambda r: 1, execution_mode=execution_mode)
 
 
 async def _run(instance: Any, count: int = 2) -> tuple[list[Any], InstancePool]:
@@ -274,3 +278,116 @@ def test_a_slow_execution_restarts_the_count():
     assert not mode.inline
     mode.after_thread(QUICK_WALL, FAST_CPU)
     assert mode.inline
+
+
+# -- an instance that blocks on the engine (a BLS model): on the loop thread, suspended at its waits --------
+
+
+async def _engine_answer(value: float, delay_s: float) -> float:
+    await asyncio.sleep(delay_s)
+    return value
+
+
+class Calling(Threaded):
+    """Each execution waits ``wait_s`` on an "engine call" as a BLS model's ``exec()`` does (suspended on the loop
+    thread, blocked on its own), then holds the thread ``hold_s`` (busy, or asleep when ``sleeps``)."""
+
+    suspends_on_engine = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wait_s: float = 0.003) -> None:
+        self.loop, self.wait_s = loop, wait_s
+        self.hold_s, self.sleeps = 0.0, False
+        self.resumed = 0
+
+    def on_resume(self) -> None:
+        self.resumed += 1
+
+    def execute(self, requests: list[InferRequest]) -> list[Any]:
+        where = threading.current_thread().name
+        call = _engine_answer(2.0, self.wait_s)
+        if suspend.suspendable():
+            factor = suspend.wait(call)
+        else:
+            factor = suspend.block(asyncio.run_coroutine_threadsafe(call, self.loop))
+        if self.sleeps:
+            time.sleep(self.hold_s)
+        else:
+            deadline = time.monotonic() + self.hold_s
+            while time.monotonic() < deadline:
+                pass
+        return [InferResponse("m", "1", [Tensor("Y", "FP32", r.inputs[0].data * factor)], parameters={"where": where})
+                for r in requests]
+
+
+async def _wheres(pool: InstancePool, count: int) -> list[str]:
+    wheres = []
+    for value in range(count):
+        (result,) = await pool.execute(0, [_request(value)])
+        assert result.outputs[0].data.tolist() == [2.0 * value]
+        wheres.append(result.parameters["where"])
+    return wheres
+
+
+async def test_an_instance_blocking_on_the_engine_moves_to_the_loop_its_waits_left_out() -> None:
+    """Every execution waits 3 ms (over INLINE_EXIT_NS) on the engine, yet holds its thread for far less: after one
+    window it runs on the loop thread, suspended while it waits, never counted as an inline (non-suspending) one."""
+    assert instances.INLINE_EXIT_NS < 3_000_000
+    instance = Calling(asyncio.get_running_loop())
+    pool = _pool(instance, "auto")
+    loop_thread = threading.current_thread().name
+    try:
+        wheres = await _wheres(pool, instances.INLINE_WINDOW + 3)
+        assert not pool.runs_inline(0)
+    finally:
+        await asyncio.to_thread(pool.close)
+    assert all(w.startswith("m_0") for w in wheres[:instances.INLINE_WINDOW])
+    assert wheres[instances.INLINE_WINDOW:] == [loop_thread] * 3
+    assert instance.resumed == 3  # once after each suspended execution's wait
+    assert pool.stats.execution_count == pool.stats.inference_count == instances.INLINE_WINDOW + 3
+
+
+async def test_a_suspended_instance_that_holds_the_loop_goes_back_to_its_thread() -> None:
+    instance = Calling(asyncio.get_running_loop(), wait_s=0.0)
+    pool = _pool(instance, "auto")
+    try:
+        await _wheres(pool, instances.INLINE_WINDOW)
+        assert (await _wheres(pool, 1))[0] == threading.current_thread().name
+        instance.hold_s = 2 * instances.INLINE_EXIT_NS / 1e9  # its code now holds the loop 4 ms per execution
+        wheres = await _wheres(pool, instances.INLINE_EXIT_STRIKES + 2)
+    finally:
+        await asyncio.to_thread(pool.close)
+    assert wheres[instances.INLINE_EXIT_STRIKES - 1] == threading.current_thread().name
+    assert all(w.startswith("m_0") for w in wheres[instances.INLINE_EXIT_STRIKES:])
+
+
+async def test_instances_blocking_otherwise_or_told_to_use_a_thread_stay_on_their_thread() -> None:
+    sleeper = Calling(asyncio.get_running_loop(), wait_s=0.0)
+    sleeper.hold_s, sleeper.sleeps = 2 * instances.INLINE_EXIT_NS / 1e9, True  # time.sleep: no engine wait
+    for instance, mode in ((sleeper, "auto"), (Calling(asyncio.get_running_loop()), "thread")):
+        pool = _pool(instance, mode)
+        try:
+            wheres = await _wheres(pool, instances.INLINE_WINDOW + 2)
+        finally:
+            await asyncio.to_thread(pool.close)
+        assert all(w.startswith("m_0") for w in wheres), mode
+
+
+async def test_a_forced_inline_instance_blocking_on_the_engine_runs_suspended_from_the_first_execution() -> None:
+    instance = Calling(asyncio.get_running_loop(), wait_s=0.05)
+    pool = _pool(instance, "inline")
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        wheres = await _wheres(pool, 2)
+    finally:
+        ticker.cancel()
+        await asyncio.to_thread(pool.close)
+    assert wheres == [threading.current_thread().name] * 2
+    assert ticks >= 5  # the loop went on during the 100 ms of waits

@@ -1,0 +1,203 @@
+"""A BLS model's ``execute`` on the event loop thread, suspended at each ``exec()`` (``core/suspend.py``).
+
+The same BLS models run on their instance's thread (``ferry_execution_mode: thread``) and on the loop thread
+(``inline``, which for a model that blocks only on the engine means suspended there), over HTTP and gRPC:
+the answers, the errors a failed call gives and the statistics are the same. Between a suspended
+execution's waits other models run on the loop thread; ``outer`` imports a helper from its own directory
+after its call, which finds it only if its thread state (``bind_thread``) is its own again. A decoupled
+call (``exec(decoupled=True)``) streams into a suspended execution, an ``auto`` model moves to the loop
+after its first window of threaded executions, and a client that leaves while the execution waits takes
+nothing else down: the execution runs to its end and is charged.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from serving_pod.schedulers import instances
+from support.python_models import COUNT_CONFIG, COUNT_MODEL, in_out_config
+from support.server import write_model
+
+PROTOCOLS = ["http", "grpc"]
+MODES = ["thread", "inline"]
+
+
+def _mode(mode: str) -> str:
+    return f'parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}'
+
+
+INNER = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.delay = float(json.loads(args["model_config"])["parameters"].get("DELAY_S", {}).get("string_value", 0))
+
+    def execute(self, requests):
+        time.sleep(self.delay)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * 2)]) for r in requests]
+'''
+
+#: calls ``target`` (request parameter, default "inner"), then multiplies by its helper's FACTOR (3)
+OUTER = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = json.loads(request.parameters()).get("target", "inner")
+            answer = pb_utils.InferenceRequest(
+                model_name=target, requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())],
+            ).exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("outer: " + answer.error().message())))
+                continue
+            import outer_helper  # found in this model's own directory only
+
+            out = pb_utils.get_output_tensor_by_name(answer, "OUT").as_numpy() * outer_helper.FACTOR
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
+        return responses
+'''
+#: ``OUTER`` without the helper, whose import (about 700 us of CPU, made each time) would keep ``auto`` on the thread
+OUTER_LIGHT = OUTER.replace("import outer_helper  # found in this model's own directory only", "").replace(
+    "outer_helper.FACTOR", "3")
+
+#: sums the responses of a decoupled call to ``counter`` (N -> 0 + 1 + ... + N-1); an error part fails the request
+STREAMER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="counter", requested_output_names=["I"],
+                inputs=[pb_utils.Tensor("N", pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())],
+            )
+            total = 0
+            for part in call.exec(decoupled=True):
+                if part.has_error():
+                    raise pb_utils.TritonModelException("streamer: " + part.error().message())
+                if part.output_tensors():
+                    total += int(pb_utils.get_output_tensor_by_name(part, "I").as_numpy()[0])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([total], np.int32))]))
+        return responses
+'''
+
+
+@pytest.fixture
+def server(threaded_server, tmp_path):
+    write_model(tmp_path, "inner", in_out_config("inner", 0, _mode("inline")), {"1/model.py": INNER})
+    write_model(tmp_path, "slow_inner",
+                in_out_config("slow_inner", 0, 'parameters { key: "DELAY_S" value { string_value: "0.5" } }'),
+                {"1/model.py": INNER})
+    write_model(tmp_path, "counter", COUNT_CONFIG, {"1/model.py": COUNT_MODEL})
+    for mode in MODES:
+        write_model(tmp_path, f"outer_{mode}", in_out_config(f"outer_{mode}", 0, _mode(mode)),
+                    {"1/model.py": OUTER, "1/outer_helper.py": "FACTOR = 3\n"})
+    write_model(tmp_path, "outer_auto", in_out_config("outer_auto", 0, _mode("auto")), {"1/model.py": OUTER_LIGHT})
+    for mode in MODES:
+        write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, _mode(mode)),
+                    {"1/model.py": STREAMER})
+    return threaded_server([tmp_path])
+
+
+def _infer(server, protocol: str, model: str, value: int, **kwargs):
+    module = server.module(protocol)
+    tensor = module.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([value], np.int32))
+    return server.client(protocol).infer(model, [tensor], **kwargs)
+
+
+def _error(server, protocol: str, model: str, value: int, **kwargs) -> str:
+    with pytest.raises(InferenceServerException) as failure:
+        _infer(server, protocol, model, value, **kwargs)
+    return failure.value.message()
+
+
+def _suspends(server, model: str) -> tuple[bool, bool]:
+    """(declared suspends_on_engine, runs suspended on the loop now) for the model's one instance."""
+    pool = server.engine.registry.get(model).pool
+    return bool(pool.instances[0].suspends_on_engine), pool._modes[0].inline and not pool.runs_inline(0)
+
+
+def _count(server, model: str) -> tuple[int, int, int]:
+    stats = server.client("http").get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"]), int(stats["inference_stats"]["fail"]["count"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bls_model_answers_the_same_on_the_loop_as_on_its_thread(server, protocol: str) -> None:
+    assert _suspends(server, "outer_thread") == (True, False)
+    assert _suspends(server, "outer_inline") == (True, True)
+    for mode in MODES:
+        assert _infer(server, protocol, f"outer_{mode}", 5).as_numpy("OUT").tolist() == [30]
+    missing = [_error(server, protocol, f"outer_{mode}", 1, parameters={"target": "missing"}).replace(mode, "M")
+               for mode in MODES]
+    assert missing[0] == missing[1]
+    assert missing[0].startswith("outer: ") and "missing" in missing[0]
+    for mode in MODES:
+        # two executions each (one failed call answered with the model's error: a success, as in Triton)
+        assert _count(server, f"outer_{mode}") == (2, 2, 0)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_decoupled_call_streams_into_a_suspended_execution(server, protocol: str) -> None:
+    for mode in MODES:
+        assert _infer(server, protocol, f"streamer_{mode}", 5).as_numpy("OUT").tolist() == [10]
+        assert _infer(server, protocol, f"streamer_{mode}", 0).as_numpy("OUT").tolist() == [0]
+    # two parts, then an error (the message names the model's instance)
+    errors = [_error(server, protocol, f"streamer_{mode}", -3).replace(mode, "M") for mode in MODES]
+    assert errors[0] == errors[1] and "streamer: negative count" in errors[0]
+
+
+def test_an_auto_bls_model_moves_to_the_loop(server) -> None:
+    """After a window of threaded executions that hold their thread briefly (their waits on the call left out). On a
+    busy host a window's executions can wait for the GIL past the allowance, and the next is judged afresh: up to
+    eight windows' worth of requests."""
+    client = server.client("http")
+    assert _suspends(server, "outer_auto") == (True, False)
+    sent = 0
+    while _suspends(server, "outer_auto")[1] is False and sent < 8 * instances.INLINE_WINDOW:
+        tensor = server.module("http").InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([sent], np.int32))
+        assert client.infer("outer_auto", [tensor]).as_numpy("OUT").tolist() == [6 * sent]
+        sent += 1
+    assert _suspends(server, "outer_auto") == (True, True)
+    for value in range(3):  # now suspended on the loop
+        tensor = server.module("http").InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([value], np.int32))
+        assert client.infer("outer_auto", [tensor]).as_numpy("OUT").tolist() == [6 * value]
+    assert _count(server, "outer_auto") == (sent + 3, sent + 3, 0)
+
+
+def test_a_client_leaving_a_suspended_execution_takes_nothing_down(server) -> None:
+    with pytest.raises(InferenceServerException) as failure:
+        _infer(server, "grpc", "outer_inline", 4, parameters={"target": "slow_inner"}, client_timeout=0.1)
+    assert failure.value.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert _infer(server, "http", "outer_inline", 2).as_numpy("OUT").tolist() == [12]  # the loop is free meanwhile
+    deadline = time.monotonic() + 10
+    while _count(server, "slow_inner")[0] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    assert _count(server, "slow_inner") == (1, 1, 0)  # the call ran to its end
+    assert _count(server, "outer_inline")[1] == 2  # both executions charged
+    assert _infer(server, "grpc", "outer_inline", 1).as_numpy("OUT").tolist() == [6]
