@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Awaitable, Callable
 
@@ -168,42 +169,46 @@ class InstancePool:
         self._on_loop = [getattr(instance, "execute_on_loop", None) for instance in instances]
         #: instances whose execution releases the GIL in native code: their worker gets the GIL handed over
         self._hand_off = [bool(getattr(instance, "releases_gil", False)) for instance in instances]
-        self._idle: asyncio.Queue[int] = asyncio.Queue()
-        self._waiting = 0
-        for index in range(len(instances)):
-            if index not in self.held:
-                self._idle.put_nowait(index)
+        self._idle: deque[int] = deque(index for index in range(len(instances)) if index not in self.held)
+        #: callers of ``acquire`` waiting for an instance, first come first served: ``release`` hands the instance
+        #: to the first of them directly, so no caller that comes later can take it before the woken one runs
+        self._waiters: deque[asyncio.Future[int]] = deque()
 
     def __len__(self) -> int:
         return len(self.instances)
 
     def idle_count(self) -> int:
-        return self._idle.qsize()
+        return len(self._idle)
 
     async def acquire(self) -> int:
         """Index of an idle instance, waiting (first come, first served) if all are busy."""
-        if not self._waiting:
-            try:
-                return self._idle.get_nowait()
-            except asyncio.QueueEmpty:
-                pass
-        self._waiting += 1
+        if self._idle and not self._waiters:
+            return self._idle.popleft()
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
-            return await self._idle.get()
-        finally:
-            self._waiting -= 1
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed an instance as its caller went away: pass it on
+                self.release(waiter.result())
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
 
     def try_acquire(self) -> int | None:
-        """An idle instance now, or None; never one that a waiting caller is about to take (fairness)."""
-        if self._waiting:
+        """An idle instance now, or None; never one while callers wait for one (fairness)."""
+        if self._waiters or not self._idle:
             return None
-        try:
-            return self._idle.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
+        return self._idle.popleft()
 
     def release(self, index: int) -> None:
-        self._idle.put_nowait(index)
+        """Instance ``index`` is free: the first waiting caller's now, else idle."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(index)
+                return
+        self._idle.append(index)
 
     def notify_when_available(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when a held instance is admitted. Only a pool with held instances keeps it: otherwise an
@@ -214,7 +219,7 @@ class InstancePool:
     def admit(self, index: int) -> None:
         """A held instance (``held``) is idle from now on: the previous pool of its version has drained."""
         self.held.discard(index)
-        self._idle.put_nowait(index)
+        self.release(index)
         listeners, self._listeners = self._listeners, []
         for callback in listeners:
             callback()

@@ -134,6 +134,39 @@ async def test_a_closed_pool_fails_requests_instead_of_raising() -> None:
     assert isinstance(results[0], InternalError) and "cannot schedule new futures" in results[0].message
 
 
+async def test_a_freed_instance_goes_to_the_callers_waiting_first() -> None:
+    """First come, first served: a caller whose ``acquire`` runs after the instance came free but before the woken
+    waiter does (a request read in the same loop turn) queues behind the waiters instead of taking it (an
+    ``asyncio.Queue`` let it: at c=16 on one BLS instance, p50 0.8 ms against p99 72 ms)."""
+    pool = _pool(Threaded())
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        index = await pool.acquire()
+        order.append(name)
+        await asyncio.sleep(0)
+        pool.release(index)
+
+    try:
+        first = await pool.acquire()
+        waiters = [asyncio.create_task(take(name)) for name in "abc"]
+        await asyncio.sleep(0)  # all three wait
+        assert pool.try_acquire() is None
+        late = asyncio.create_task(take("late"))  # its first step runs before the woken waiter's
+        pool.release(first)
+        await asyncio.gather(*waiters, late)
+        assert order == ["a", "b", "c", "late"]
+        cancelled = asyncio.create_task(take("gone"))
+        held = await pool.acquire()
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a waiter that leaves is forgotten: the instance comes back idle
+        await asyncio.gather(cancelled, return_exceptions=True)
+        pool.release(held)
+        assert pool.idle_count() == 1 and pool.try_acquire() == 0
+    finally:
+        await asyncio.to_thread(pool.close)
+
+
 class Later(Threaded):
     """Answers every request later, through a ``concurrent.futures.Future`` the test sets (a python model's sender)."""
 
