@@ -36,7 +36,7 @@ class _Suspendable(greenlet.greenlet):
 
 
 class Run:
-    """One ``run``: its result once awaited, and how long it held the loop."""
+    """What one ``run`` measured: how long its code held the loop (``blocked_ns``)."""
 
     __slots__ = ("blocked_ns",)
 
@@ -60,18 +60,18 @@ def wait(awaitable: Awaitable[T]) -> T:
 
 def block(future: Future[T]) -> T:
     """``future``'s result, this (non-loop) thread blocking meanwhile; the wait counts in ``waited_ns``."""
-    started = time.monotonic_ns()
-    try:
-        return future.result()
-    finally:
-        _waits.ns = getattr(_waits, "ns", 0) + time.monotonic_ns() - started
+    return _counted(future.result)
 
 
 def block_get(source: queue.Queue) -> Any:
     """``source.get()``, this (non-loop) thread blocking meanwhile; the wait counts in ``waited_ns``."""
+    return _counted(source.get)
+
+
+def _counted(blocking: Callable[[], T]) -> T:
     started = time.monotonic_ns()
     try:
-        return source.get()
+        return blocking()
     finally:
         _waits.ns = getattr(_waits, "ns", 0) + time.monotonic_ns() - started
 
@@ -96,18 +96,15 @@ async def run(code: Callable[..., T], *args: Any, resume: Callable[[], None] | N
     value: Any = child.switch(*args)
     blocked = clock() - started
     while not child.dead:
+        failure: BaseException | None = None
         try:
             outcome = await value
         except BaseException as error:  # the wait's failure is the code's to handle, as a blocking call's would be
-            if resume is not None:
-                resume()
-            started = clock()
-            value = child.throw(error)
-        else:
-            if resume is not None:
-                resume()
-            started = clock()
-            value = child.switch(outcome)
+            outcome, failure = None, error
+        if resume is not None:
+            resume()
+        started = clock()
+        value = child.switch(outcome) if failure is None else child.throw(failure)
         blocked += clock() - started
     if account is not None:
         account.blocked_ns = blocked
