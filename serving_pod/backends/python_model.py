@@ -285,41 +285,31 @@ class PythonModelInstance:
             raise
         set_serving(self._owner, True)
         self._execute = self._model.execute
-        self.inline_safe = self._never_blocks_on_engine()
-        self.suspends_on_engine = not self.inline_safe and self._blocks_only_on_engine()
+        self.inline_safe, self.suspends_on_engine = self._where_it_may_run()
         #: ``sequence_batching { iterative_sequence: true }``: a request released with RESCHEDULE runs again
         self._iterative = bool(json.loads(spec.config_json).get("sequence_batching", {}).get("iterative_sequence"))
 
     #: source fragments of models that call back into the engine (BLS, model loading) or stream responses
     _ENGINE_CALLS = (".exec(", "async_exec", "InferenceRequest(", "get_response_sender", "load_model(")
-
-    def _never_blocks_on_engine(self) -> bool:
-        """True when executing on the server's event loop thread is safe (see schedulers/instances.py):
-        a synchronous, non-decoupled ``execute`` whose source makes no BLS call."""
-        if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
-            return False
-        try:
-            source = Path(self._spec.model_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            return False
-        return not any(fragment in source for fragment in self._ENGINE_CALLS)
-
     #: source fragments of models that may block on something but the engine (another thread, a process) or answer
     #: through a response sender: their executions stay on the instance's thread
     _THREAD_CALLS = ("thread", "Thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "get_response_sender",
                      "async_exec")
 
-    def _blocks_only_on_engine(self) -> bool:
-        """True when ``execute`` may run in a greenlet on the loop thread (``core/suspend.py``): synchronous, not
-        decoupled, and its source blocks only on BLS calls and model loads, made from ``execute`` itself (no threads,
-        processes or event loops of its own, no response sender)."""
+    def _where_it_may_run(self) -> tuple[bool, bool]:
+        """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous,
+        non-decoupled ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the
+        engine), suspendable on the loop thread (``core/suspend.py``) when it calls the engine but blocks on
+        nothing else (no threads, processes or event loops of its own, no response sender)."""
         if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
-            return False
+            return False, False
         try:
             source = Path(self._spec.model_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
-            return False
-        return not any(fragment in source for fragment in self._THREAD_CALLS)
+            return False, False
+        if not any(fragment in source for fragment in self._ENGINE_CALLS):
+            return True, False
+        return False, not any(fragment in source for fragment in self._THREAD_CALLS)
 
     def on_resume(self) -> None:
         """Before an execution suspended on the loop thread goes on: its thread state again (other models ran)."""

@@ -6,8 +6,9 @@ the answers, the errors a failed call gives and the statistics are the same. Bet
 execution's waits other models run on the loop thread; ``outer`` imports a helper from its own directory
 after its call, which finds it only if its thread state (``bind_thread``) is its own again. A decoupled
 call (``exec(decoupled=True)``) streams into a suspended execution, an ``auto`` model moves to the loop
-after its first window of threaded executions, and a client that leaves while the execution waits takes
-nothing else down: the execution runs to its end and is charged.
+after its first window of threaded executions, a client that leaves while the execution waits takes
+nothing else down (the execution runs to its end and is charged), and a model with threads of its own is
+never suspended on the loop.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ def server(threaded_server, tmp_path):
         write_model(tmp_path, f"outer_{mode}", in_out_config(f"outer_{mode}", 0, _mode(mode)),
                     {"1/model.py": OUTER, "1/outer_helper.py": "FACTOR = 3\n"})
     write_model(tmp_path, "outer_auto", in_out_config("outer_auto", 0, _mode("auto")), {"1/model.py": OUTER_LIGHT})
+    for mode in ("auto", "inline"):  # a model with threads of its own could deadlock the loop: never suspended
+        write_model(tmp_path, f"threads_{mode}", in_out_config(f"threads_{mode}", 0, _mode(mode)),
+                    {"1/model.py": "import threading\n" + OUTER_LIGHT})
     for mode in MODES:
         write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, _mode(mode)),
                     {"1/model.py": STREAMER})
@@ -200,4 +204,17 @@ def test_a_client_leaving_a_suspended_execution_takes_nothing_down(server) -> No
     time.sleep(0.1)
     assert _count(server, "slow_inner") == (1, 1, 0)  # the call ran to its end
     assert _count(server, "outer_inline")[1] == 2  # both executions charged
+    assert _infer(server, "grpc", "outer_inline", 1).as_numpy("OUT").tolist() == [6]
+
+
+def test_a_bls_model_with_threads_of_its_own_stays_on_its_thread(server) -> None:
+    """Its threads could call the engine while its ``execute`` waits for them on the loop thread (a deadlock): it
+    runs on its thread in ``auto``, and told to run ``inline`` its BLS call fails with a clear error, nothing else."""
+    assert _suspends(server, "threads_auto") == (False, False)
+    for value in range(instances.INLINE_WINDOW + 2):
+        assert _infer(server, "http", "threads_auto", value).as_numpy("OUT").tolist() == [6 * value]
+    assert _suspends(server, "threads_auto") == (False, False)
+    message = _error(server, "grpc", "threads_inline", 1)
+    assert "a blocking BLS call was made on the server's event loop thread" in message
+    assert "ferry_execution_mode to 'thread'" in message
     assert _infer(server, "grpc", "outer_inline", 1).as_numpy("OUT").tolist() == [6]
