@@ -297,19 +297,26 @@ class PythonModelInstance:
                      "async_exec")
 
     def _where_it_may_run(self) -> tuple[bool, bool]:
-        """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous,
-        non-decoupled ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the
-        engine), suspendable on the loop thread (``core/suspend.py``) when it calls the engine but blocks on
-        nothing else (no threads, processes or event loops of its own, no response sender)."""
-        if self._link.decoupled or asyncio.iscoroutinefunction(self._execute):
+        """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous
+        ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the engine),
+        suspendable on the loop thread (``core/suspend.py``) when it calls the engine but blocks on nothing else
+        (no threads, processes or event loops of its own, no response sender). A decoupled model's response
+        sender does not count: its ``send`` only queues the response for the loop, so a quick decoupled model
+        streams from the loop thread too (its responses go out when ``execute`` returns or suspends, which the
+        pool's wall-time judgement keeps short)."""
+        if asyncio.iscoroutinefunction(self._execute):
             return False, False
         try:
             source = Path(self._spec.model_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return False, False
-        if not any(fragment in source for fragment in self._ENGINE_CALLS):
+        engine_calls, thread_calls = self._ENGINE_CALLS, self._THREAD_CALLS
+        if self._link.decoupled:  # its sender only queues each response for the loop: sending never waits
+            engine_calls = tuple(f for f in engine_calls if f != "get_response_sender")
+            thread_calls = tuple(f for f in thread_calls if f != "get_response_sender")
+        if not any(fragment in source for fragment in engine_calls):
             return True, False
-        return False, not any(fragment in source for fragment in self._THREAD_CALLS)
+        return False, not any(fragment in source for fragment in thread_calls)
 
     def on_resume(self) -> None:
         """Before an execution suspended on the loop thread goes on: its thread state again (other models ran)."""

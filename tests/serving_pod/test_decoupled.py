@@ -3,7 +3,10 @@
 Models in tests/serving_pod/data/decoupled: ``dec_counter`` (N responses, errors, cancellation),
 ``dec_async`` (async execute), ``dec_seq`` (a decoupled sequence model). Covers: N responses then the
 final flag (``triton_final_response``), the empty final response on request, errors in-stream, HTTP
-refusal, cancellation visible to the model when the client goes away, sequences over a stream.
+refusal, cancellation visible to the model when the client goes away, sequences over a stream. The counter's
+cases run twice: on its instances' threads and on the event loop thread (``dec_counter_inline``: its sender only
+queues each response for the loop, so a quick decoupled ``execute`` may run there; ``auto`` moves it after a
+window of quick executions).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 DATA = Path(__file__).resolve().parent / "data" / "decoupled"
+#: the counter on its instances' threads and on the event loop thread
+COUNTERS = ["dec_counter", "dec_counter_inline"]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +33,26 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("decoupled_repo")
     for name in ("dec_counter", "dec_async", "dec_seq", "wait_cancel"):
         shutil.copytree(DATA / name, repo / name)
+    inline = repo / "dec_counter_inline"
+    shutil.copytree(DATA / "dec_counter", inline)
+    config = (inline / "config.pbtxt").read_text().replace('name: "dec_counter"', 'name: "dec_counter_inline"')
+    (inline / "config.pbtxt").write_text(
+        config + 'parameters { key: "ferry_execution_mode" value { string_value: "inline" } }\n')
+    slow = repo / "dec_slow"  # decoupled, 3 ms asleep before its one response: over the inline wall-time limit
+    (slow / "1").mkdir(parents=True)
+    (slow / "config.pbtxt").write_text(
+        'name: "dec_slow"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (slow / "1" / "model.py").write_text(
+        "import time\n\nimport triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        for request in requests:\n"
+        "            time.sleep(0.003)\n"
+        "            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", "
+        "pb_utils.get_input_tensor_by_name(request, \"COUNT\").as_numpy())]), "
+        "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)\n")
     echo = repo / "echo_int"  # not decoupled: one response per request
     (echo / "1").mkdir(parents=True)
     (echo / "config.pbtxt").write_text(
@@ -87,9 +112,10 @@ def _final(result) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
 
-def test_streams_n_responses_then_final(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_streams_n_responses_then_final(server, counter: str) -> None:
     stream = Stream(server)
-    stream.send("dec_counter", "COUNT", 5, request_id="five")
+    stream.send(counter, "COUNT", 5, request_id="five")
     results = stream.take(5)
     assert [int(r.as_numpy("OUT")[0]) for r in results] == [0, 1, 2, 3, 4]
     assert [r.get_response().id for r in results] == ["five"] * 5
@@ -98,21 +124,23 @@ def test_streams_n_responses_then_final(server) -> None:
     stream.close()
 
 
-def test_empty_final_response_when_enabled(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_empty_final_response_when_enabled(server, counter: str) -> None:
     stream = Stream(server)
-    stream.send("dec_counter", "COUNT", 2, enable_empty_final_response=True)
+    stream.send(counter, "COUNT", 2, enable_empty_final_response=True)
     results = stream.take(3)
     assert [_final(r) for r in results] == [False, False, True]
     assert results[2].as_numpy("OUT") is None
-    stream.send("dec_counter", "COUNT", 0, enable_empty_final_response=True)
+    stream.send(counter, "COUNT", 0, enable_empty_final_response=True)
     (only,) = stream.take(1)
     assert _final(only) and only.as_numpy("OUT") is None
     stream.close()
 
 
-def test_final_flag_on_a_data_response(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_final_flag_on_a_data_response(server, counter: str) -> None:
     stream = Stream(server)
-    stream.send("dec_counter", "COUNT", 3, parameters={"mode": "final_with_data"}, enable_empty_final_response=True)
+    stream.send(counter, "COUNT", 3, parameters={"mode": "final_with_data"}, enable_empty_final_response=True)
     results = stream.take(3)
     assert [int(r.as_numpy("OUT")[0]) for r in results] == [0, 1, 2]
     assert [_final(r) for r in results] == [False, False, True]
@@ -139,10 +167,11 @@ def test_async_execute_streams(server) -> None:
     stream.close()
 
 
-def test_concurrent_requests_on_one_stream(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_concurrent_requests_on_one_stream(server, counter: str) -> None:
     stream = Stream(server)
     for index in range(4):
-        stream.send("dec_counter", "COUNT", 3, request_id=f"r{index}")
+        stream.send(counter, "COUNT", 3, request_id=f"r{index}")
     by_id: dict[str, list[int]] = {}
     for result in stream.take(12):
         by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("OUT")[0]))
@@ -150,30 +179,32 @@ def test_concurrent_requests_on_one_stream(server) -> None:
     stream.close()
 
 
-def test_errors_arrive_in_stream_and_the_stream_goes_on(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_errors_arrive_in_stream_and_the_stream_goes_on(server, counter: str) -> None:
     stream = Stream(server)
-    stream.send("dec_counter", "COUNT", 2, parameters={"mode": "raise"})
+    stream.send(counter, "COUNT", 2, parameters={"mode": "raise"})
     (error,) = stream.take(1)
     assert isinstance(error, InferenceServerException) and "asked to fail after 2" in str(error)
-    stream.send("dec_counter", "WRONG_INPUT", 1)
+    stream.send(counter, "WRONG_INPUT", 1)
     (error,) = stream.take(1)
     assert isinstance(error, InferenceServerException) and "unexpected inference input 'WRONG_INPUT'" in str(error)
-    stream.send("dec_counter", "COUNT", 1)
+    stream.send(counter, "COUNT", 1)
     (ok,) = stream.take(1)
     assert int(ok.as_numpy("OUT")[0]) == 0
     stream.close()
 
 
-def test_an_error_response_between_responses_is_streamed_and_the_rest_follow(server) -> None:
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_an_error_response_between_responses_is_streamed_and_the_rest_follow(server, counter: str) -> None:
     """As Triton: a non-final error response a model sends reaches the client, then its later responses."""
     stream = Stream(server)
-    stream.send("dec_counter", "COUNT", 1, parameters={"mode": "error_between"}, request_id="between")
+    stream.send(counter, "COUNT", 1, parameters={"mode": "error_between"}, request_id="between")
     first, error, second = stream.take(3)
     assert int(first.as_numpy("OUT")[0]) == 0 and not _final(first)
     assert isinstance(error, InferenceServerException) and "an error between two responses" in str(error)
     assert int(second.as_numpy("OUT")[0]) == 1
     stream.assert_quiet()  # the flag-only final is not sent without triton_enable_empty_final_response
-    stream.send("dec_counter", "COUNT", 1)  # the stream goes on
+    stream.send(counter, "COUNT", 1)  # the stream goes on
     (ok,) = stream.take(1)
     assert int(ok.as_numpy("OUT")[0]) == 0
     stream.close()
@@ -239,4 +270,33 @@ def test_sequences_over_a_stream(server) -> None:
     stream.send("dec_seq", "INPUT", 1, sequence_id="seq-a")  # ended: a new START is needed
     (error,) = stream.take(1)
     assert isinstance(error, InferenceServerException) and "must specify the START flag" in str(error)
+    stream.close()
+
+
+def _runs_inline(handle, model: str) -> list[bool]:
+    pool = handle.engine.registry.get(model).pool
+    return [pool.runs_inline(index) for index in range(len(pool.instances))]
+
+
+def test_a_quick_decoupled_model_moves_to_the_loop_and_a_slow_one_stays_on_its_thread(server) -> None:
+    """``dec_counter_inline`` runs on the loop from the first request; ``auto`` moves ``dec_counter`` there after a
+    window of quick executions per instance (up to sixteen windows' worth of requests on a busy host), while
+    ``dec_slow`` (3 ms asleep each time) and ``dec_async`` (a coroutine) stay on their threads."""
+    from serving_pod.schedulers import instances
+
+    assert _runs_inline(server, "dec_counter_inline") == [True, True]
+    stream = Stream(server)
+    sent = 0
+    while not all(_runs_inline(server, "dec_counter")) and sent < 16 * instances.INLINE_WINDOW:
+        stream.send("dec_counter", "COUNT", 2, request_id=str(sent))
+        assert [int(r.as_numpy("OUT")[0]) for r in stream.take(2)] == [0, 1]
+        sent += 1
+    assert _runs_inline(server, "dec_counter") == [True, True]
+    stream.send("dec_counter", "COUNT", 3, request_id="after")
+    assert [int(r.as_numpy("OUT")[0]) for r in stream.take(3)] == [0, 1, 2]
+    for value in range(instances.INLINE_WINDOW + 4):
+        stream.send("dec_slow", "COUNT", value)
+        assert int(stream.take(1)[0].as_numpy("OUT")[0]) == value
+    assert _runs_inline(server, "dec_slow") == [False]
+    assert _runs_inline(server, "dec_async") == [False]
     stream.close()
