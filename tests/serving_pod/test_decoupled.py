@@ -26,6 +26,19 @@ DATA = Path(__file__).resolve().parent / "data" / "decoupled"
 COUNTERS = ["dec_counter", "dec_counter_inline"]
 
 
+def _count_model(repo: Path, name: str, decoupled: bool, body: str) -> None:
+    """A python model COUNT (INT32 [1]) -> OUT whose ``execute`` is ``body``."""
+    (repo / name / "1").mkdir(parents=True)
+    policy = "model_transaction_policy { decoupled: true }\n" if decoupled else ""
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{policy}'
+        'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (repo / name / "1" / "model.py").write_text(
+        "import time\n\nimport triton_python_backend_utils as pb_utils\n\n\n"
+        f"class TritonPythonModel:\n    def execute(self, requests):\n        {body}\n")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from support.server import ServerThread, make_options
@@ -38,33 +51,15 @@ def server(tmp_path_factory):
     config = (inline / "config.pbtxt").read_text().replace('name: "dec_counter"', 'name: "dec_counter_inline"')
     (inline / "config.pbtxt").write_text(
         config + 'parameters { key: "ferry_execution_mode" value { string_value: "inline" } }\n')
-    slow = repo / "dec_slow"  # decoupled, 3 ms asleep before its one response: over the inline wall-time limit
-    (slow / "1").mkdir(parents=True)
-    (slow / "config.pbtxt").write_text(
-        'name: "dec_slow"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
-        'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
-    (slow / "1" / "model.py").write_text(
-        "import time\n\nimport triton_python_backend_utils as pb_utils\n\n\n"
-        "class TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        for request in requests:\n"
-        "            time.sleep(0.003)\n"
-        "            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", "
-        "pb_utils.get_input_tensor_by_name(request, \"COUNT\").as_numpy())]), "
-        "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)\n")
-    echo = repo / "echo_int"  # not decoupled: one response per request
-    (echo / "1").mkdir(parents=True)
-    (echo / "config.pbtxt").write_text(
-        'name: "echo_int"\nbackend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
-    (echo / "1" / "model.py").write_text(
-        "import triton_python_backend_utils as pb_utils\n\n\n"
-        "class TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", pb_utils.get_input_tensor_by_name(r, "
-        "\"COUNT\").as_numpy())]) for r in requests]\n")
+    # decoupled, 3 ms asleep before its one response: over the inline wall-time limit
+    _count_model(repo, "dec_slow", True, "for request in requests:\n"
+                 "            time.sleep(0.003)\n"
+                 "            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", "
+                 "pb_utils.get_input_tensor_by_name(request, \"COUNT\").as_numpy())]), "
+                 "flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)")
+    # not decoupled: one response per request
+    _count_model(repo, "echo_int", False, "return [pb_utils.InferenceResponse([pb_utils.Tensor(\"OUT\", "
+                 "pb_utils.get_input_tensor_by_name(r, \"COUNT\").as_numpy())]) for r in requests]")
     thread = ServerThread(make_options([repo]))
     handle = thread.start()
     assert not handle.engine.startup_failures, handle.engine.startup_failures
