@@ -173,10 +173,12 @@ def test_a_decoupled_call_streams_into_a_suspended_execution(server, protocol: s
     assert errors[0] == errors[1] and "streamer: negative count" in errors[0]
 
 
-def test_an_auto_bls_model_moves_to_the_loop(server) -> None:
+def test_an_auto_bls_model_moves_to_the_loop(server, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a window of threaded executions that hold their thread briefly (their waits on the call left out). On a
     busy host a window's executions can wait for the GIL past the allowance, and the next is judged afresh: up to
     eight windows' worth of requests."""
+    # the model's thread CPU per execution (200-500 us here) can pass INLINE_ENTER_NS now and then on a busy host
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
     client = server.client("http")
     assert _suspends(server, "outer_auto") == (True, False)
     sent = 0
