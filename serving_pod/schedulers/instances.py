@@ -23,7 +23,10 @@ BLS call: ``core/suspend.py``). Judged the same way, its waits on the engine lef
 "inline" by running ``execute`` in a greenlet on the loop thread: each engine call suspends the execution there,
 the loop goes on meanwhile, and no thread is woken at all; the time it holds the loop between its waits is
 what counts against ``INLINE_EXIT_NS``. Such an execution does suspend (``runs_inline`` is False for it), and
-the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait.
+the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait. An
+instance that waits on the engine on its thread without declaring ``suspends_on_engine`` (a python model whose
+BLS call is in a helper module its source check did not read) stays on its thread from then on: inline, its
+call could not wait.
 
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child
 process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
@@ -54,6 +57,7 @@ both pools at once; the previous pool's ``close`` leaves the instances it ``hand
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -65,6 +69,8 @@ from serving_pod.core import suspend
 from serving_pod.core.errors import InternalError, ServerError, execution_error
 from serving_pod.core.statistics import ModelStats
 from serving_pod.core.types import InferRequest, InferResponse
+
+_log = logging.getLogger(__name__)
 
 Result = InferResponse | ServerError | None
 BatchSizer = Callable[[InferRequest], int]
@@ -119,6 +125,14 @@ class _Mode:
             if self.slow_walls <= INLINE_SLOW_WALLS:
                 self.inline = True
             self.fast_streak = self.slow_walls = 0  # else the next INLINE_WINDOW is judged afresh
+
+    def refuse(self, reason: str) -> None:
+        """Never inline again (unless forced): the instance turned out to block in a way the loop cannot."""
+        if self.allowed and not self.forced:
+            _log.info("an instance stays on its thread: %s", reason)
+        self.allowed = False
+        if not self.forced:
+            self.inline = False
 
     def after_inline(self, duration_ns: int) -> None:
         if duration_ns <= INLINE_EXIT_NS or self.forced:
@@ -299,6 +313,9 @@ class InstancePool:
     async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int, int]], mode: _Mode,
                                requests: list[InferRequest], dispatch_ns: int) -> list[Result]:
         results, start_ns, end_ns, cpu_ns, waited_ns = await running
+        if waited_ns and not mode.suspends:
+            mode.refuse(f"model '{requests[0].model_name}' waited on the engine (a BLS call or model loading its "
+                        "source check missed), and the event loop thread cannot wait for it there")
         mode.after_thread(end_ns - start_ns - waited_ns, cpu_ns)
         return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 

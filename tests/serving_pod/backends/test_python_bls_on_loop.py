@@ -103,6 +103,31 @@ class TritonPythonModel:
         return responses
 '''
 
+#: a BLS model whose call lives in a helper module: its ``model.py`` alone shows no engine call
+HIDDEN = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import hidden_helper
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", hidden_helper.times_six(
+            pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()).astype(np.int32))]) for r in requests]
+'''
+HIDDEN_HELPER = '''
+import triton_python_backend_utils as pb_utils
+
+
+def times_six(value):
+    answer = pb_utils.InferenceRequest(model_name="inner", requested_output_names=["OUT"],
+                                       inputs=[pb_utils.Tensor("IN", value)]).exec()
+    if answer.has_error():
+        raise pb_utils.TritonModelException(answer.error().message())
+    return pb_utils.get_output_tensor_by_name(answer, "OUT").as_numpy() * 3
+'''
+
 
 @pytest.fixture
 def server(threaded_server, tmp_path):
@@ -118,6 +143,8 @@ def server(threaded_server, tmp_path):
     for mode in ("auto", "inline"):  # a model with threads of its own could deadlock the loop: never suspended
         write_model(tmp_path, f"threads_{mode}", in_out_config(f"threads_{mode}", 0, _mode(mode)),
                     {"1/model.py": "import threading\n" + OUTER_LIGHT})
+    write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, _mode("auto")),
+                {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
         write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, _mode(mode)),
                     {"1/model.py": STREAMER})
@@ -193,6 +220,20 @@ def test_an_auto_bls_model_moves_to_the_loop(server, monkeypatch: pytest.MonkeyP
         tensor.set_data_from_numpy(np.array([value], np.int32))
         assert client.infer("outer_auto", [tensor]).as_numpy("OUT").tolist() == [6 * value]
     assert _count(server, "outer_auto") == (sent + 3, sent + 3, 0)
+
+
+def test_a_model_whose_source_hides_its_bls_call_stays_on_its_thread(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.py`` shows no engine call (its helper module makes it), so the model declares itself inline-safe,
+    not suspendable; on its thread its executions are quick once their waits on the call are left out. ``auto``
+    must not move it to the loop, where its call could not wait: every request is answered, on its thread."""
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    pool = server.engine.registry.get("hidden_auto").pool
+    assert (pool.instances[0].inline_safe, pool.instances[0].suspends_on_engine) == (True, False)
+    requests = 4 * instances.INLINE_WINDOW
+    for value in range(requests):
+        assert _infer(server, PROTOCOLS[value % 2], "hidden_auto", value).as_numpy("OUT").tolist() == [6 * value]
+        assert not pool._modes[0].inline
+    assert _count(server, "hidden_auto") == (requests, requests, 0)
 
 
 def test_a_client_leaving_a_suspended_execution_takes_nothing_down(server) -> None:
