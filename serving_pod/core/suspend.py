@@ -58,9 +58,10 @@ def wait(awaitable: Awaitable[T]) -> T:
     return current.parent.switch(awaitable)
 
 
-def block(future: Future[T]) -> T:
-    """``future``'s result, this (non-loop) thread blocking meanwhile; the wait counts in ``waited_ns``."""
-    return _counted(future.result)
+def block(future: Future[T], timeout: float | None = None) -> T:
+    """``future``'s result, this (non-loop) thread blocking meanwhile (``concurrent.futures.TimeoutError`` after
+    ``timeout`` seconds); the wait counts in ``waited_ns``."""
+    return _counted(lambda: future.result(timeout))
 
 
 def block_get(source: queue.Queue) -> Any:

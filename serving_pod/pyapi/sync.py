@@ -16,6 +16,7 @@ from typing import Any, Callable, Coroutine, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from serving_pod.core import suspend
 from serving_pod.pyapi.aio import AsyncEngine, AsyncServer, Repository
 from serving_pod.pyapi.config import BoundModel, ModelConfig, Tensor
 
@@ -35,7 +36,9 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("a blocking engine call was made from the engine's own event loop thread")
-        return self.submit(coroutine).result(timeout)
+        # counted as a wait on the engine: a bound function that makes this call on its instance thread stays there
+        # (``schedulers/instances.py``), since on the loop thread the call could not wait
+        return suspend.block(self.submit(coroutine), timeout)
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -152,3 +152,30 @@ async def test_sync_engine_is_awaitable_from_another_loop() -> None:
         engine.bind("double", double, X, Y)
         results = await asyncio.gather(*(engine.infer_async("double", {"x": np.full((1, 1), i, np.float32)}) for i in range(3)))
     assert [r["y"].item() for r in results] == [0.0, 2.0, 4.0]
+
+
+def test_a_function_that_calls_the_engine_stays_on_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quadruple`` calls the same ``Engine`` synchronously: quick on its thread once its wait on the call is left
+    out, but on the loop thread that call could not wait. In ``auto`` it runs on its thread from its first call
+    (the wait is counted), so every request is answered; told ``inline``, the call fails with a clear error."""
+    from serving_pod.schedulers import instances
+
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)  # its thread CPU may pass 500 us on a busy host
+    with Engine() as engine:
+        def quadruple(requests):
+            return [{"y": engine.infer("double", {"x": request["x"]})["y"] * 2} for request in requests]
+
+        engine.bind("double", double, X, Y)
+        for mode in ("auto", "inline"):
+            engine.bind(f"quadruple_{mode}", quadruple, X, Y,
+                        ModelConfig(parameters={"ferry_execution_mode": mode}))
+        pool = engine._aio.core.registry.get("quadruple_auto").pool
+        requests = 4 * instances.INLINE_WINDOW
+        for value in range(requests):
+            x = np.full((1, 2), value, np.float32)
+            assert engine.infer("quadruple_auto", {"x": x})["y"].tolist() == [[4.0 * value] * 2]
+            assert not pool._modes[0].inline
+        assert engine.statistics("quadruple_auto")[0]["inference_count"] == requests
+        with pytest.raises(Exception, match="a blocking engine call was made from the engine's own event loop thread"):
+            engine.infer("quadruple_inline", {"x": np.ones((1, 2), np.float32)})
+        assert engine.infer("double", {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[2.0, 2.0]]
