@@ -296,6 +296,11 @@ class PythonModelInstance:
     _THREAD_CALLS = ("thread", "Thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "get_response_sender",
                      "async_exec")
 
+    #: source fragments of network clients: a call through one may reach this very server, whose answer the loop
+    #: thread would have to give while it waits (the server would hang until the client's timeout); never inline
+    _NETWORK_CALLS = ("tritonclient", "socket", "urllib", "http.client", "httpx", "aiohttp", "import requests",
+                      "from requests", "grpc")
+
     def _where_it_may_run(self) -> tuple[bool, bool]:
         """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous
         ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the engine),
@@ -303,12 +308,15 @@ class PythonModelInstance:
         (no threads, processes or event loops of its own, no response sender). A decoupled model's response
         sender does not count: its ``send`` only queues the response for the loop, so a quick decoupled model
         streams from the loop thread too (its responses go out when ``execute`` returns or suspends, which the
-        pool's wall-time judgement keeps short)."""
+        pool's wall-time judgement keeps short). A model that names a network client (it may call this server
+        over HTTP or gRPC) is neither."""
         if asyncio.iscoroutinefunction(self._execute):
             return False, False
         try:
             source = Path(self._spec.model_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
+            return False, False
+        if any(fragment in source for fragment in self._NETWORK_CALLS):
             return False, False
         engine_calls, thread_calls = self._ENGINE_CALLS, self._THREAD_CALLS
         if self._link.decoupled:  # its sender only queues each response for the loop: sending never waits

@@ -128,6 +128,29 @@ def times_six(value):
     return pb_utils.get_output_tensor_by_name(answer, "OUT").as_numpy() * 3
 '''
 
+#: calls ``inner`` on this same server through tritonclient's HTTP client (the request's "url" parameter), not BLS
+OVER_HTTP = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import tritonclient.http as httpclient
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            client = httpclient.InferenceServerClient(json.loads(request.parameters())["url"], network_timeout=5.0,
+                                                      connection_timeout=5.0)
+            tensor = httpclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())
+            out = client.infer("inner", [tensor]).as_numpy("OUT") * 3
+            client.close()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
+        return responses
+'''
+
 
 @pytest.fixture
 def server(threaded_server, tmp_path):
@@ -143,6 +166,8 @@ def server(threaded_server, tmp_path):
     for mode in ("auto", "inline"):  # a model with threads of its own could deadlock the loop: never suspended
         write_model(tmp_path, f"threads_{mode}", in_out_config(f"threads_{mode}", 0, _mode(mode)),
                     {"1/model.py": "import threading\n" + OUTER_LIGHT})
+    write_model(tmp_path, "over_http_auto", in_out_config("over_http_auto", 0, _mode("auto")),
+                {"1/model.py": OVER_HTTP})
     write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, _mode("auto")),
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
@@ -234,6 +259,22 @@ def test_a_model_whose_source_hides_its_bls_call_stays_on_its_thread(server, mon
         assert _infer(server, PROTOCOLS[value % 2], "hidden_auto", value).as_numpy("OUT").tolist() == [6 * value]
         assert not pool._modes[0].inline
     assert _count(server, "hidden_auto") == (requests, requests, 0)
+
+
+def test_a_model_calling_its_own_server_over_the_network_stays_on_its_thread(
+        server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the loop thread its HTTP call to this server would wait for an answer only that thread can give: the
+    server would hang until the client's timeout. Its source names a network client, so it never goes inline,
+    however quick its executions are on its thread."""
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    pool = server.engine.registry.get("over_http_auto").pool
+    assert not pool.instances[0].inline_safe
+    requests = 2 * instances.INLINE_WINDOW
+    for value in range(requests):
+        answer = _infer(server, PROTOCOLS[value % 2], "over_http_auto", value, parameters={"url": server.http_url})
+        assert answer.as_numpy("OUT").tolist() == [6 * value]
+        assert not pool._modes[0].inline
+    assert _count(server, "over_http_auto") == (requests, requests, 0)
 
 
 def test_a_client_leaving_a_suspended_execution_takes_nothing_down(server) -> None:
