@@ -504,6 +504,7 @@ class Engine:
     def _refuse_on_loop_thread(self) -> None:
         # Waiting here on the loop thread would deadlock: the call needs the loop to make progress.
         if self.loop_thread == threading.get_ident():
+            suspend.note_refusal()
             raise InternalError(
                 "a blocking BLS call was made on the server's event loop thread; set the model's "
                 "parameter ferry_execution_mode to 'thread'"

@@ -12,7 +12,8 @@ Only waits made through ``wait`` suspend: code in ``run`` that blocks any other 
 a thread it joins) blocks the loop, so the caller decides what may run here (``schedulers/instances.py``).
 ``Run.blocked_ns`` is the time the loop spent in the code, its waits excluded. The same code on a thread
 blocks on the engine through ``block``/``block_get``, which count the time in ``waited_ns`` (the thread's):
-what the code would hold the loop is its wall time less that.
+what the code would hold the loop is its wall time less that. A blocking call made on the loop thread outside
+``run`` is refused (it would deadlock); ``note_refusal`` counts it for the caller that put the code there.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def _counted(blocking: Callable[[], T]) -> T:
 def waited_ns() -> int:
     """Nanoseconds this thread spent in ``block`` and ``block_get`` so far."""
     return getattr(_waits, "ns", 0)
+
+
+def note_refusal() -> None:
+    """Where a blocking call on the engine is refused on the loop thread (outside ``run`` it would deadlock there):
+    counted per thread, so the pool that ran the refused code there sends it back to its own thread."""
+    _waits.refusals = getattr(_waits, "refusals", 0) + 1
+
+
+def refusals() -> int:
+    """How many blocking calls were refused on this thread so far (``note_refusal``)."""
+    return getattr(_waits, "refusals", 0)
 
 
 async def run(code: Callable[..., T], *args: Any, resume: Callable[[], None] | None = None,

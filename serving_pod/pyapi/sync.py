@@ -35,6 +35,7 @@ class LoopThread:
     def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
         if threading.current_thread() is self._thread:
             coroutine.close()
+            suspend.note_refusal()
             raise RuntimeError("a blocking engine call was made from the engine's own event loop thread")
         # counted as a wait on the engine: a bound function that makes this call on its instance thread stays there
         # (``schedulers/instances.py``), since on the loop thread the call could not wait

@@ -26,7 +26,8 @@ what counts against ``INLINE_EXIT_NS``. Such an execution does suspend (``runs_i
 the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait. An
 instance that waits on the engine on its thread without declaring ``suspends_on_engine`` (a python model whose
 BLS call is in a helper module its source check did not read) stays on its thread from then on: inline, its
-call could not wait.
+call could not wait. One whose first such call comes once it runs inline has that call refused (the request
+fails with a clear error, ``Engine._refuse_on_loop_thread``) and goes back to its thread for good.
 
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child
 process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
@@ -332,8 +333,13 @@ class InstancePool:
     def execute_inline(self, index: int, requests: list[InferRequest], answers_later: bool = False) -> list[Result]:
         """``execute`` on the calling (event loop) thread, for an instance where ``runs_inline`` holds."""
         dispatch_ns = time.monotonic_ns()
+        refused = suspend.refusals()
         results, start_ns, end_ns = _run(self.instances[index], requests, answers_later)
-        self._modes[index].after_inline(end_ns - start_ns)
+        mode = self._modes[index]
+        if suspend.refusals() != refused:  # it made a blocking call on the engine: on its thread that call can wait
+            mode.refuse(f"model '{requests[0].model_name}' made a blocking call on the engine from the event loop "
+                        "thread, which was refused")
+        mode.after_inline(end_ns - start_ns)
         return self._charged(requests, results, dispatch_ns, start_ns, end_ns)
 
     def _charged(self, requests: list[InferRequest], results: list[Result], dispatch_ns: int, start_ns: int,

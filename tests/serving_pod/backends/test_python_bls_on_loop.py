@@ -151,6 +151,29 @@ class TritonPythonModel:
         return responses
 '''
 
+#: ``HIDDEN`` that makes its call only when the request asks ("call"), else answers alone
+SOMETIMES = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import hidden_helper
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if json.loads(request.parameters()).get("call"):
+                out = hidden_helper.times_six(value)
+            else:
+                out = value * 6
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
+        return responses
+'''
+
 
 @pytest.fixture
 def server(threaded_server, tmp_path):
@@ -168,6 +191,8 @@ def server(threaded_server, tmp_path):
                     {"1/model.py": "import threading\n" + OUTER_LIGHT})
     write_model(tmp_path, "over_http_auto", in_out_config("over_http_auto", 0, _mode("auto")),
                 {"1/model.py": OVER_HTTP})
+    write_model(tmp_path, "sometimes_auto", in_out_config("sometimes_auto", 0, _mode("auto")),
+                {"1/model.py": SOMETIMES, "1/hidden_helper.py": HIDDEN_HELPER})
     write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, _mode("auto")),
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
@@ -259,6 +284,29 @@ def test_a_model_whose_source_hides_its_bls_call_stays_on_its_thread(server, mon
         assert _infer(server, PROTOCOLS[value % 2], "hidden_auto", value).as_numpy("OUT").tolist() == [6 * value]
         assert not pool._modes[0].inline
     assert _count(server, "hidden_auto") == (requests, requests, 0)
+
+
+def test_a_model_whose_hidden_call_comes_once_it_runs_inline_goes_back_to_its_thread(
+        server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its first BLS call (in a helper module) comes after ``auto`` moved it to the loop: that call cannot wait
+    there and is refused, failing its request with a clear error; the model goes back to its thread for good, and
+    its later calls are answered."""
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    pool = server.engine.registry.get("sometimes_auto").pool
+    sent = 0
+    while not pool._modes[0].inline and sent < 8 * instances.INLINE_WINDOW:
+        assert _infer(server, PROTOCOLS[sent % 2], "sometimes_auto", sent).as_numpy("OUT").tolist() == [6 * sent]
+        sent += 1
+    assert pool._modes[0].inline
+    message = _error(server, "grpc", "sometimes_auto", 1, parameters={"call": True})
+    assert "a blocking BLS call was made on the server's event loop thread" in message
+    assert not pool._modes[0].inline
+    for value in range(instances.INLINE_WINDOW + 2):
+        answer = _infer(server, PROTOCOLS[value % 2], "sometimes_auto", value, parameters={"call": value % 2 == 0})
+        assert answer.as_numpy("OUT").tolist() == [6 * value]
+    assert not pool._modes[0].inline
+    answered = sent + instances.INLINE_WINDOW + 2  # the refused request failed: counted an execution and a failure
+    assert _count(server, "sometimes_auto") == (answered, answered + 1, 1)
 
 
 def test_a_model_calling_its_own_server_over_the_network_stays_on_its_thread(

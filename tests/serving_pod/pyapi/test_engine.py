@@ -179,3 +179,32 @@ def test_a_function_that_calls_the_engine_stays_on_its_thread(monkeypatch: pytes
         with pytest.raises(Exception, match="a blocking engine call was made from the engine's own event loop thread"):
             engine.infer("quadruple_inline", {"x": np.ones((1, 2), np.float32)})
         assert engine.infer("double", {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[2.0, 2.0]]
+
+
+def test_a_function_whose_first_engine_call_is_refused_inline_goes_back_to_its_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``maybe`` calls the engine for negative inputs only, the first of them after ``auto`` moved it to the loop:
+    that call is refused (its request fails with the clear error), and the function runs on its thread from then
+    on, its calls answered."""
+    from serving_pod.schedulers import instances
+
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    with Engine() as engine:
+        def maybe(requests):
+            return [{"y": engine.infer("double", {"x": -request["x"]})["y"] if request["x"][0, 0] < 0
+                     else request["x"] * 2} for request in requests]
+
+        engine.bind("double", double, X, Y)
+        engine.bind("maybe", maybe, X, Y)
+        pool = engine._aio.core.registry.get("maybe").pool
+        sent = 0
+        while not pool._modes[0].inline and sent < 8 * instances.INLINE_WINDOW:
+            assert engine.infer("maybe", {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[2.0, 2.0]]
+            sent += 1
+        assert pool._modes[0].inline
+        with pytest.raises(Exception, match="a blocking engine call was made from the engine's own event loop thread"):
+            engine.infer("maybe", {"x": -np.ones((1, 2), np.float32)})
+        assert not pool._modes[0].inline
+        for _ in range(instances.INLINE_WINDOW + 2):
+            assert engine.infer("maybe", {"x": -np.ones((1, 2), np.float32)})["y"].tolist() == [[2.0, 2.0]]
+        assert not pool._modes[0].inline
