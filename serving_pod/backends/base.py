@@ -26,6 +26,17 @@ from serving_pod.core.types import InferRequest, InferResponse
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+#: source fragments of network clients: code that names one may call this very server, whose answer the event loop
+#: thread would have to give while that code waits there (the server would hang until the client's timeout), so
+#: such code is never ``inline_safe``
+NETWORK_CLIENTS = ("tritonclient", "ModelClient", "socket", "urllib", "http.client", "httpx", "aiohttp",
+                   "import requests", "from requests", "grpc")
+
+
+def names_network_client(source: str) -> bool:
+    """Whether ``source`` names a network client (``NETWORK_CLIENTS``)."""
+    return any(fragment in source for fragment in NETWORK_CLIENTS)
+
 
 class VersionLoadError(ModelLoadError):
     """A backend could not make a model version: the registry words it as Triton does, per version

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from serving_pod.backends.base import InstanceContext
+from serving_pod.backends.base import InstanceContext, names_network_client
 from serving_pod.core.datatypes import config_to_wire, numpy_dtype
 from serving_pod.core.errors import InternalError, ModelLoadError, ServerError, UnsupportedError
 from serving_pod.core.types import InferRequest, InferResponse, Tensor
@@ -98,6 +98,15 @@ def _call_of(request: InferRequest) -> Request:
     return Request(inputs, request.parameters, request.id)
 
 
+def _source(function: Callable[..., Any]) -> str:
+    """The function's source (a callable object's ``__call__``), or "" where Python has none (built in, a REPL)."""
+    target = function if inspect.isfunction(function) or inspect.ismethod(function) else type(function).__call__
+    try:
+        return inspect.getsource(target)
+    except (OSError, TypeError):
+        return ""
+
+
 @dataclass(frozen=True, slots=True)
 class _Output:
     name: str
@@ -123,9 +132,9 @@ class CallableInstance:
             datatype = config_to_wire(mc.DataType.Name(out.data_type))
             self.outputs[out.name] = _Output(out.name, datatype, tuple(out.dims), numpy_dtype(datatype))
         self.is_async = is_async_callable(function)
-        #: a plain function may run on the event loop when fast (schedulers/instances.py); coroutines and
-        #: streams need the instance's own thread
-        self.inline_safe = not self.is_async and not self.decoupled
+        #: a plain function may run on the event loop when fast (schedulers/instances.py); coroutines, streams and
+        #: functions that name a network client (they may call this server) need the instance's own thread
+        self.inline_safe = not self.is_async and not self.decoupled and not names_network_client(_source(function))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- execution ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from serving_pod.backends.pb_request import (
     set_serving,
     unregister_module,
 )
-from serving_pod.backends.base import VersionLoadError
+from serving_pod.backends.base import VersionLoadError, names_network_client
 from serving_pod.backends.python_bridge import ResponseLink
 from serving_pod.core import errors
 from serving_pod.core.types import InferRequest, InferResponse
@@ -296,11 +296,6 @@ class PythonModelInstance:
     _THREAD_CALLS = ("thread", "Thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "get_response_sender",
                      "async_exec")
 
-    #: source fragments of network clients: a call through one may reach this very server, whose answer the loop
-    #: thread would have to give while it waits (the server would hang until the client's timeout); never inline
-    _NETWORK_CALLS = ("tritonclient", "socket", "urllib", "http.client", "httpx", "aiohttp", "import requests",
-                      "from requests", "grpc")
-
     def _where_it_may_run(self) -> tuple[bool, bool]:
         """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous
         ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the engine),
@@ -316,7 +311,7 @@ class PythonModelInstance:
             source = Path(self._spec.model_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return False, False
-        if any(fragment in source for fragment in self._NETWORK_CALLS):
+        if names_network_client(source):  # it may call this server over HTTP or gRPC (backends/base.py)
             return False, False
         engine_calls, thread_calls = self._ENGINE_CALLS, self._THREAD_CALLS
         if self._link.decoupled:  # its sender only queues each response for the loop: sending never waits

@@ -148,3 +148,32 @@ def test_parse_url() -> None:
         parse_url("ftp://host:1")
     with pytest.raises(ValueError, match="invalid server URL"):
         parse_url("http://host:1/v2")
+
+
+def test_a_function_calling_this_server_through_a_client_stays_on_its_thread(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``relay`` asks ``fragile`` through a ``ModelClient`` of this same server: on the event loop thread that call
+    would wait for an answer only that thread can give (the server would hang until the client's timeout). Its
+    source names the client, so ``auto`` never moves it there, however quick it is on its thread; a function that
+    names none may move."""
+    from serving_pod.schedulers import instances
+
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    address = server.http_url
+
+    @batch
+    def relay(x):
+        with ModelClient(address, "fragile", timeout_s=5.0) as client:
+            return {"y": client.infer_batch(x=x)["y"] * 3}
+
+    spec = [Tensor("x", np.float32, (2,))], [Tensor("y", np.float32, (2,))]
+    server.bind("relay", relay, *spec)
+    server.bind("plain", fragile, *spec)
+    pools = {name: server._aio.core.registry.get(name).pool for name in ("relay", "plain")}
+    assert (pools["relay"].instances[0].inline_safe, pools["plain"].instances[0].inline_safe) == (False, True)
+    with ModelClient(server.grpc_url, "relay") as client:
+        for value in range(2 * instances.INLINE_WINDOW):
+            x = np.full((1, 2), value, np.float32)
+            assert client.infer_batch(x=x)["y"].tolist() == [[3.0 * value] * 2]
+    assert not pools["relay"]._modes[0].inline
+    assert counts(server, "relay") == (2 * instances.INLINE_WINDOW, 2 * instances.INLINE_WINDOW)
