@@ -25,6 +25,7 @@ from serving_pod.core.errors import (
 from serving_pod import classification
 from serving_pod.core.custom_metrics import CustomMetrics
 from serving_pod.core.latency_metrics import LatencyMetricsSettings
+from serving_pod.core.loop_watch import LoopWatch
 from serving_pod.core import outputs, suspend
 from serving_pod.core.parameters import check_request_parameters
 from serving_pod.core.registry import ModelRegistry, parse_version
@@ -139,6 +140,7 @@ class Engine:
         self.shutting_down = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread = 0
+        self._loop_watch: LoopWatch | None = None
         self.initial_load_done = False
         self._inflight = 0
         self._idle = asyncio.Event()
@@ -158,6 +160,9 @@ class Engine:
         """Load the initial models as the control mode says, then start polling if asked."""
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
+        #: names a model that holds the loop thread too long (an inline execution that blocks: core/loop_watch.py)
+        if self._loop_watch is None:
+            self._loop_watch = LoopWatch(self.loop_thread).start()
         self._idle.set()
         self.live = True
         mode = self.options.model_control_mode
@@ -206,6 +211,8 @@ class Engine:
         await self.registry.close()
         self.shm.close()
         self.tracer.close()
+        if self._loop_watch is not None:
+            self._loop_watch.stop()
         self.live = False
 
     # --- health and metadata -----------------------------------------------------------------
