@@ -85,6 +85,11 @@ class TritonPythonModel:
 '''
 
 
+def execution_mode(mode: str) -> str:
+    """The config parameter that puts a model's executions on its thread, on the loop thread, or lets Ferry choose."""
+    return f'parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}'
+
+
 def in_out_config(name: str, max_batch_size: int, extra: str = "") -> str:
     """The config of a python model ``name`` with one INT32 ``IN`` and ``OUT`` of dims [1] and one CPU instance, and
     ``extra`` (scheduling, parameters) after them."""

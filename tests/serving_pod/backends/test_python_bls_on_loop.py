@@ -21,15 +21,11 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from serving_pod.schedulers import instances
-from support.python_models import COUNT_CONFIG, COUNT_MODEL, in_out_config
+from support.python_models import COUNT_CONFIG, COUNT_MODEL, execution_mode, in_out_config
 from support.server import write_model
 
 PROTOCOLS = ["http", "grpc"]
 MODES = ["thread", "inline"]
-
-
-def _mode(mode: str) -> str:
-    return f'parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}'
 
 
 INNER = '''
@@ -177,26 +173,26 @@ class TritonPythonModel:
 
 @pytest.fixture
 def server(threaded_server, tmp_path):
-    write_model(tmp_path, "inner", in_out_config("inner", 0, _mode("inline")), {"1/model.py": INNER})
+    write_model(tmp_path, "inner", in_out_config("inner", 0, execution_mode("inline")), {"1/model.py": INNER})
     write_model(tmp_path, "slow_inner",
                 in_out_config("slow_inner", 0, 'parameters { key: "DELAY_S" value { string_value: "0.5" } }'),
                 {"1/model.py": INNER})
     write_model(tmp_path, "counter", COUNT_CONFIG, {"1/model.py": COUNT_MODEL})
     for mode in MODES:
-        write_model(tmp_path, f"outer_{mode}", in_out_config(f"outer_{mode}", 0, _mode(mode)),
+        write_model(tmp_path, f"outer_{mode}", in_out_config(f"outer_{mode}", 0, execution_mode(mode)),
                     {"1/model.py": OUTER, "1/outer_helper.py": "FACTOR = 3\n"})
-    write_model(tmp_path, "outer_auto", in_out_config("outer_auto", 0, _mode("auto")), {"1/model.py": OUTER_LIGHT})
+    write_model(tmp_path, "outer_auto", in_out_config("outer_auto", 0, execution_mode("auto")), {"1/model.py": OUTER_LIGHT})
     for mode in ("auto", "inline"):  # a model with threads of its own could deadlock the loop: never suspended
-        write_model(tmp_path, f"threads_{mode}", in_out_config(f"threads_{mode}", 0, _mode(mode)),
+        write_model(tmp_path, f"threads_{mode}", in_out_config(f"threads_{mode}", 0, execution_mode(mode)),
                     {"1/model.py": "import threading\n" + OUTER_LIGHT})
-    write_model(tmp_path, "over_http_auto", in_out_config("over_http_auto", 0, _mode("auto")),
+    write_model(tmp_path, "over_http_auto", in_out_config("over_http_auto", 0, execution_mode("auto")),
                 {"1/model.py": OVER_HTTP})
-    write_model(tmp_path, "sometimes_auto", in_out_config("sometimes_auto", 0, _mode("auto")),
+    write_model(tmp_path, "sometimes_auto", in_out_config("sometimes_auto", 0, execution_mode("auto")),
                 {"1/model.py": SOMETIMES, "1/hidden_helper.py": HIDDEN_HELPER})
-    write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, _mode("auto")),
+    write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, execution_mode("auto")),
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
-        write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, _mode(mode)),
+        write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, execution_mode(mode)),
                     {"1/model.py": STREAMER})
     return threaded_server([tmp_path])
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from serving_pod.core import loop_watch
-from support.python_models import in_out_config
+from support.python_models import execution_mode, in_out_config
 from support.server import write_model
 
 SLEEPER = '''
@@ -60,16 +60,12 @@ class TritonPythonModel:
 '''
 
 
-def _mode(mode: str) -> str:
-    return f'parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}'
-
-
 @pytest.fixture
 def server(threaded_server, tmp_path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(loop_watch, "INTERVAL_S", 0.2)
     for name, mode in (("sleeper_inline", "inline"), ("sleeper_apart", "thread")):
-        write_model(tmp_path, name, in_out_config(name, 0, _mode(mode)), {"1/model.py": SLEEPER})
-    write_model(tmp_path, "bls_inline", in_out_config("bls_inline", 0, _mode("inline")), {"1/model.py": BLS_SLEEPER})
+        write_model(tmp_path, name, in_out_config(name, 0, execution_mode(mode)), {"1/model.py": SLEEPER})
+    write_model(tmp_path, "bls_inline", in_out_config("bls_inline", 0, execution_mode("inline")), {"1/model.py": BLS_SLEEPER})
     return threaded_server([tmp_path])
 
 
