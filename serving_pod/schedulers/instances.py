@@ -314,7 +314,7 @@ class InstancePool:
     async def _finish_threaded(self, running: Awaitable[tuple[list[Result], int, int, int, int]], mode: _Mode,
                                requests: list[InferRequest], dispatch_ns: int) -> list[Result]:
         results, start_ns, end_ns, cpu_ns, waited_ns = await running
-        if waited_ns and not mode.suspends:
+        if waited_ns and mode.allowed and not mode.suspends:  # once: a model kept on its thread waits every time
             mode.refuse(f"model '{requests[0].model_name}' waited on the engine (a BLS call or model loading its "
                         "source check missed), and the event loop thread cannot wait for it there")
         mode.after_thread(end_ns - start_ns - waited_ns, cpu_ns)
