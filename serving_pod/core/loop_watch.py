@@ -14,6 +14,7 @@ looks (the same frame at the same line). The request path pays nothing for this:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -57,7 +58,7 @@ class LoopWatch:
             top = sys._current_frames().get(self._loop_thread)
             if top is None:  # the loop's thread has ended (a server stopped without shutting its engine down)
                 return
-            frame = _inline_frame(top)
+            frame = _execution_frame(top)
             now = time.monotonic()
             if frame is not None and frame is seen and frame is not reported and (
                 _inline(frame) or (top is seen_top and top.f_lineno == seen_line)
@@ -70,14 +71,12 @@ class LoopWatch:
             del top, frame
 
 
-def _inline_frame(top: FrameType | None) -> FrameType | None:
+def _execution_frame(top: FrameType) -> FrameType | None:
     """The frame of the execution (``_RUN``) on the stack ending at ``top``, if any."""
-    frame = top
-    while frame is not None:
+    for frame, _ in traceback.walk_stack(top):
         code = frame.f_code
         if code.co_name == _RUN[1] and code.co_filename.endswith(_RUN[0]) and "requests" in code.co_varnames:
             return frame
-        frame = frame.f_back
     return None
 
 
@@ -92,11 +91,7 @@ def _report(frame: FrameType, top: FrameType, held_s: float) -> None:
     """The warning for the execution whose ``_RUN`` frame is ``frame``; ``top``: where it is now."""
     requests = frame.f_locals.get("requests") or [None]
     model = getattr(requests[0], "model_name", "?")
-    above: list[tuple[FrameType, int]] = []
-    probe: FrameType | None = top
-    while probe is not None and probe is not frame:
-        above.append((probe, probe.f_lineno))
-        probe = probe.f_back
+    above = list(itertools.takewhile(lambda step: step[0] is not frame, traceback.walk_stack(top)))
     stack = "".join(traceback.StackSummary.extract(reversed(above)).format())
     log.warning(
         "model '%s' has held the server's event loop thread for %.1f s or more: its execute runs there (parameter "

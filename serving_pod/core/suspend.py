@@ -29,7 +29,8 @@ import greenlet
 T = TypeVar("T")
 
 
-_waits = threading.local()
+#: per thread: ns blocked in ``block``/``block_get`` and blocking calls refused on it (``note_refusal``)
+_counts = threading.local()
 
 
 class _Suspendable(greenlet.greenlet):
@@ -75,23 +76,23 @@ def _counted(blocking: Callable[[], T]) -> T:
     try:
         return blocking()
     finally:
-        _waits.ns = getattr(_waits, "ns", 0) + time.monotonic_ns() - started
+        _counts.ns = getattr(_counts, "ns", 0) + time.monotonic_ns() - started
 
 
 def waited_ns() -> int:
     """Nanoseconds this thread spent in ``block`` and ``block_get`` so far."""
-    return getattr(_waits, "ns", 0)
+    return getattr(_counts, "ns", 0)
 
 
 def note_refusal() -> None:
     """Where a blocking call on the engine is refused on the loop thread (outside ``run`` it would deadlock there):
     counted per thread, so the pool that ran the refused code there sends it back to its own thread."""
-    _waits.refusals = getattr(_waits, "refusals", 0) + 1
+    _counts.refusals = getattr(_counts, "refusals", 0) + 1
 
 
 def refusals() -> int:
     """How many blocking calls were refused on this thread so far (``note_refusal``)."""
-    return getattr(_waits, "refusals", 0)
+    return getattr(_counts, "refusals", 0)
 
 
 async def run(code: Callable[..., T], *args: Any, resume: Callable[[], None] | None = None,
