@@ -99,8 +99,11 @@ class TritonPythonModel:
         return responses
 '''
 
-#: a BLS model whose call lives in a helper module: its ``model.py`` alone shows no engine call
+#: a BLS model whose call lives in a helper module: its ``model.py`` alone shows no engine call; a request that asks
+#: ("alone") is answered without the call
 HIDDEN = '''
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -109,8 +112,15 @@ import hidden_helper
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", hidden_helper.times_six(
-            pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()).astype(np.int32))]) for r in requests]
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if json.loads(request.parameters()).get("alone"):
+                out = value * 6
+            else:
+                out = hidden_helper.times_six(value)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
+        return responses
 '''
 HIDDEN_HELPER = '''
 import triton_python_backend_utils as pb_utils
@@ -147,30 +157,6 @@ class TritonPythonModel:
         return responses
 '''
 
-#: ``HIDDEN`` that makes its call only when the request asks ("call"), else answers alone
-SOMETIMES = '''
-import json
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-import hidden_helper
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if json.loads(request.parameters()).get("call"):
-                out = hidden_helper.times_six(value)
-            else:
-                out = value * 6
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
-        return responses
-'''
-
-
 @pytest.fixture
 def server(threaded_server, tmp_path):
     write_model(tmp_path, "inner", in_out_config("inner", 0, execution_mode("inline")), {"1/model.py": INNER})
@@ -188,7 +174,7 @@ def server(threaded_server, tmp_path):
     write_model(tmp_path, "over_http_auto", in_out_config("over_http_auto", 0, execution_mode("auto")),
                 {"1/model.py": OVER_HTTP})
     write_model(tmp_path, "sometimes_auto", in_out_config("sometimes_auto", 0, execution_mode("auto")),
-                {"1/model.py": SOMETIMES, "1/hidden_helper.py": HIDDEN_HELPER})
+                {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, execution_mode("auto")),
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
@@ -291,14 +277,15 @@ def test_a_model_whose_hidden_call_comes_once_it_runs_inline_goes_back_to_its_th
     pool = server.engine.registry.get("sometimes_auto").pool
     sent = 0
     while not pool._modes[0].inline and sent < 8 * instances.INLINE_WINDOW:
-        assert _infer(server, PROTOCOLS[sent % 2], "sometimes_auto", sent).as_numpy("OUT").tolist() == [6 * sent]
+        answer = _infer(server, PROTOCOLS[sent % 2], "sometimes_auto", sent, parameters={"alone": True})
+        assert answer.as_numpy("OUT").tolist() == [6 * sent]
         sent += 1
     assert pool._modes[0].inline
-    message = _error(server, "grpc", "sometimes_auto", 1, parameters={"call": True})
+    message = _error(server, "grpc", "sometimes_auto", 1)
     assert "a blocking BLS call was made on the server's event loop thread" in message
     assert not pool._modes[0].inline
     for value in range(instances.INLINE_WINDOW + 2):
-        answer = _infer(server, PROTOCOLS[value % 2], "sometimes_auto", value, parameters={"call": value % 2 == 0})
+        answer = _infer(server, PROTOCOLS[value % 2], "sometimes_auto", value, parameters={"alone": value % 2 == 1})
         assert answer.as_numpy("OUT").tolist() == [6 * value]
     assert not pool._modes[0].inline
     answered = sent + instances.INLINE_WINDOW + 2  # the refused request failed: counted an execution and a failure
