@@ -68,7 +68,7 @@ from serving_pod.core.errors import (
     UnavailableError,
 )
 from serving_pod.core.types import InferRequest, InferResponse
-from serving_pod.schedulers.clock import early_delay_s
+from serving_pod.schedulers.clock import LoopClock
 from serving_pod.schedulers.instances import InstancePool
 from serving_pod.schedulers.sequence_batch import StateIO, run_padded
 from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
@@ -125,6 +125,7 @@ class SequenceScheduler:
         self.pool = pool
         self.spec = spec = parse_sequence_config(model.config, model_dir)
         self.clock = clock
+        self._timers = LoopClock()  # a lane's wait for its candidate's delay (real time, to the microsecond)
         self._lanes = [_Lane(index, spec.slots_per_instance) for index in range(len(pool))]
         # free slots as (slot, lane): new sequences spread over instances before filling batch slots
         self._free = [(slot, lane) for slot in range(spec.slots_per_instance) for lane in range(len(pool))]
@@ -270,10 +271,11 @@ class SequenceScheduler:
                 continue
             picks, wait_ns = self._choose(picks)
             if wait_ns > 0:
+                timer = self._timers.call_later(wait_ns, lane.wake.set)
                 try:
-                    await asyncio.wait_for(lane.wake.wait(), early_delay_s(wait_ns))
-                except asyncio.TimeoutError:
-                    pass
+                    await lane.wake.wait()
+                finally:
+                    timer.cancel()
                 continue  # choose again: more heads may be ready, or the delay is over
             taken = [(slot, sequence, sequence.queue.popleft()) for slot, sequence in picks]
             self._pending -= len(taken)
