@@ -29,8 +29,16 @@ import greenlet
 T = TypeVar("T")
 
 
-#: per thread: ns blocked in ``block``/``block_get`` and blocking calls refused on it (``note_refusal``)
-_counts = threading.local()
+class _Counts(threading.local):
+    """Per thread: ns blocked in ``block``/``block_get`` and blocking calls refused on it (``note_refusal``).
+    The class attributes are each thread's starting values (read on every inline execution: a plain attribute
+    read, where ``getattr`` with a default raised and caught an AttributeError each time)."""
+
+    ns = 0
+    refusals = 0
+
+
+_counts = _Counts()
 
 
 class _Suspendable(greenlet.greenlet):
@@ -76,23 +84,23 @@ def _counted(blocking: Callable[[], T]) -> T:
     try:
         return blocking()
     finally:
-        _counts.ns = getattr(_counts, "ns", 0) + time.monotonic_ns() - started
+        _counts.ns += time.monotonic_ns() - started
 
 
 def waited_ns() -> int:
     """Nanoseconds this thread spent in ``block`` and ``block_get`` so far."""
-    return getattr(_counts, "ns", 0)
+    return _counts.ns
 
 
 def note_refusal() -> None:
     """Where a blocking call on the engine is refused on the loop thread (outside ``run`` it would deadlock there):
     counted per thread, so the pool that ran the refused code there sends it back to its own thread."""
-    _counts.refusals = getattr(_counts, "refusals", 0) + 1
+    _counts.refusals += 1
 
 
 def refusals() -> int:
     """How many blocking calls were refused on this thread so far (``note_refusal``)."""
-    return getattr(_counts, "refusals", 0)
+    return _counts.refusals
 
 
 async def run(code: Callable[..., T], *args: Any, resume: Callable[[], None] | None = None,
