@@ -17,6 +17,7 @@ from typing import Any, Callable, Coroutine
 
 import pytest
 
+from benchmarks.queue_delay import wait  # arms and re-checks as the batchers do
 from serving_pod.schedulers import clock as clock_module
 from serving_pod.schedulers.clock import SPIN_NS, LoopClock
 from serving_pod.schedulers.fine_timers import FineTimers, fine_timers
@@ -141,18 +142,6 @@ def _target(fd: int) -> str | None:
         return None
 
 
-async def _wait(clock: LoopClock, delay_ns: int) -> int:
-    """Wait as the batchers do: arm, and on firing re-check and arm again for what is left. Returns the
-    number of timers armed."""
-    loop, deadline, armed = asyncio.get_running_loop(), time.monotonic_ns() + delay_ns, 0
-    while (left := deadline - time.monotonic_ns()) > 0:
-        fired = loop.create_future()
-        clock.call_later(left, lambda fired=fired: fired.set_result(None))
-        armed += 1
-        await fired
-    return armed
-
-
 def test_a_sub_millisecond_wait_sleeps_until_its_last_stretch(run) -> None:
     """A batcher's 800 µs ``max_queue_delay``: the loop sleeps on the timerfd to ``SPIN_NS`` before the end,
     then re-checks on each turn (the last stretch). Before fine timers it re-checked on every turn
@@ -161,10 +150,10 @@ def test_a_sub_millisecond_wait_sleeps_until_its_last_stretch(run) -> None:
 
     async def main() -> tuple[int, int, int]:
         clock = LoopClock()
-        await _wait(clock, delay_ns)  # the loop's timerfd is made on first use
+        await wait(clock, delay_ns)  # the loop's timerfd is made on first use
         cpu, wall = time.thread_time_ns(), time.monotonic_ns()
         for _ in range(waits):
-            await _wait(clock, delay_ns)
+            await wait(clock, delay_ns)
         return time.thread_time_ns() - cpu, time.monotonic_ns() - wall, waits * delay_ns
 
     cpu_ns, wall_ns, waited_ns = run(main())
@@ -178,6 +167,6 @@ def test_without_a_timerfd_waits_fall_back_to_the_loops_timers(run, monkeypatch)
     monkeypatch.setattr(clock_module, "fine_timers", lambda loop: None)
 
     async def main() -> int:
-        return await _wait(LoopClock(), 1_300_000)
+        return await wait(LoopClock(), 1_300_000)
 
     assert run(main()) >= 2  # 1 ms on the loop's timer, then at least one re-check for the rest
