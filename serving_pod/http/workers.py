@@ -537,10 +537,12 @@ def worker_main(argv: list[str]) -> int:
     """
     import uvicorn
 
+    from serving_pod.allocator import keep_freed_memory
     from serving_pod.http.protocol import http_protocol
     from serving_pod.security import Restriction
     from serving_pod.sockets import bind_socket
 
+    keep_freed_memory()  # these processes read and write the request and response bodies
     address, port, bridge_path, settings = argv[0], int(argv[1]), argv[2], json.loads(argv[3])
     restrictions = {group: Restriction(*pair) for group, pair in settings["restrictions"].items()}
     max_input_size = settings["max_input_size"]
