@@ -3,17 +3,18 @@
 Each request with a megabyte tensor allocates several blocks that size (the body read, the model's output, the
 response) and frees them when it is answered. glibc gives blocks of 128 KiB or more straight back to the kernel
 (``mmap`` / ``munmap``; its adaptive threshold rises only until the heap's top is trimmed again), so the next
-request touched fresh pages: 690 page faults per inference of the 1 MiB benchmark model over HTTP, about 40% of
-the server's CPU on a virtual machine (benchmarks/README.md, "Large tensors"). ``keep_freed_memory`` sets
+request touched fresh pages: 690 page faults per inference of the 1 MiB benchmark model over HTTP, more than half
+of the server's CPU on a virtual machine (benchmarks/README.md, "Large tensors without page faults"). ``keep_freed_memory`` sets
 ``M_MMAP_THRESHOLD`` to glibc's maximum (blocks up to 32 MiB come from the heap) and ``M_TRIM_THRESHOLD`` to 64
 MiB (free memory at the heap's top is kept up to that), so a steady load reuses what the previous requests freed.
 The cost: memory a burst freed stays with the process (up to the trim threshold per arena) instead of going back
 to the kernel at once.
 
-Called by ``ferry-server`` and its HTTP worker processes at start, never on import and never in a process that
-embeds the engine (the Python API: that process's allocator is its owner's). Nothing is changed where the
-allocator is not glibc's, or where the environment already tunes it (``MALLOC_MMAP_THRESHOLD_`` and the other
-variables glibc reads, or another allocator in ``LD_PRELOAD`` such as jemalloc or tcmalloc).
+Called at start by ``ferry-server``, its HTTP worker processes and the child processes of isolated python
+instances; never on import, never in a process that embeds the engine (the Python API: that process's allocator
+is its owner's). Nothing is changed where the allocator is not glibc's, or where the environment already tunes
+it (``MALLOC_MMAP_THRESHOLD_`` and the other variables glibc reads, or another allocator in ``LD_PRELOAD`` such
+as jemalloc or tcmalloc).
 """
 
 from __future__ import annotations

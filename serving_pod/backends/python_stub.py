@@ -276,6 +276,9 @@ class _Stub:
 
 
 def main(argv: list[str]) -> int:
+    from serving_pod.allocator import keep_freed_memory
+
+    keep_freed_memory()  # the model's tensors are allocated here
     read_fd, write_fd = int(argv[1]), int(argv[2])
     reader = Connection(read_fd, writable=False)
     writer = Connection(write_fd, readable=False)
