@@ -1,14 +1,15 @@
 """glibc's allocator told to keep the memory of large tensors for reuse, in the server's own processes.
 
 Each request with a megabyte tensor allocates several blocks that size (the body read, the model's output, the
-response) and frees them when it is answered. glibc gives blocks of 128 KiB or more straight back to the kernel
-(``mmap`` / ``munmap``; its adaptive threshold rises only until the heap's top is trimmed again), so the next
-request touched fresh pages: 690 page faults per inference of the 1 MiB benchmark model over HTTP, more than half
-of the server's CPU on a virtual machine (benchmarks/README.md, "Large tensors without page faults"). ``keep_freed_memory`` sets
-``M_MMAP_THRESHOLD`` to glibc's maximum (blocks up to 32 MiB come from the heap) and ``M_TRIM_THRESHOLD`` to 64
-MiB (free memory at the heap's top is kept up to that), so a steady load reuses what the previous requests freed.
-The cost: memory a burst freed stays with the process (up to the trim threshold per arena) instead of going back
-to the kernel at once.
+response) and frees them when it is answered. glibc gives a freed block of 128 KiB or more back to the kernel
+(``munmap``); its adaptive rule then raises that threshold to the block's size and trims the heap's top once
+more than twice that is free there, so with a few requests in flight the freed memory still goes back and the
+next request faults in fresh pages: 690 page faults per inference of the 1 MiB benchmark model over HTTP at
+c=4, more than half of the server's CPU on a virtual machine (benchmarks/README.md, "Large tensors without page
+faults"). ``keep_freed_memory`` sets ``M_MMAP_THRESHOLD`` to glibc's maximum (blocks up to 32 MiB come from the
+heap) and ``M_TRIM_THRESHOLD`` to 64 MiB (free memory at the heap's top is kept up to that), so a steady load
+reuses what the previous requests freed. The cost: memory a burst freed stays with the process (up to the trim
+threshold per arena) instead of going back to the kernel at once.
 
 Called at start by ``ferry-server``, its HTTP worker processes and the child processes of isolated python
 instances; never on import, never in a process that embeds the engine (the Python API: that process's allocator
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from typing import Mapping
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -32,7 +34,7 @@ TRIM_THRESHOLD = 64 * 1024 * 1024
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
-def keep_freed_memory(environ: dict[str, str] | None = None) -> str | None:
+def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str | None:
     """Set glibc's thresholds (module docstring); returns why they were left as they are, or None once set."""
     environ = os.environ if environ is None else environ
     user = [name for name in USER_SETTINGS if environ.get(name)]

@@ -278,12 +278,13 @@ def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
     """Serve until a signal. Like tritonserver, exit 1 at start when a repository cannot be read or a model
     (in every control mode) fails to load, unless ``exit_on_error`` is false: then serve what loaded, not ready
     under strict readiness."""
-    from serving_pod.allocator import keep_freed_memory
+    from serving_pod.allocator import MMAP_THRESHOLD, keep_freed_memory
     from serving_pod.server import FerryServer
 
     log = logging.getLogger("ferry")
     kept = keep_freed_memory()
-    log.debug("malloc: %s", f"left as it is: {kept}" if kept else "freed blocks up to 32 MiB kept for reuse")
+    done = f"freed blocks up to {MMAP_THRESHOLD >> 20} MiB kept for reuse"
+    log.debug("malloc: %s", f"left as it is: {kept}" if kept else done)
     unusable = unusable_repositories(options.engine.model_repositories)
     for location, error in unusable.items():
         log.error("model repository %s: %s", location, error)
