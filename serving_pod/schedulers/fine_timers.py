@@ -107,8 +107,7 @@ class FineTimers:
                 loop = self._loop()
                 if loop is not None:
                     loop.call_exception_handler({"message": "exception in a fine timer callback", "exception": exc})
-        while heap and heap[0].cancelled:
-            heapq.heappop(heap)
+        # the loop above stops at a live timer not yet due (cancelled ones at the top were dropped)
         if heap and (not self._armed_ns or heap[0].at_ns < self._armed_ns):
             self._arm(heap[0].at_ns)
 
