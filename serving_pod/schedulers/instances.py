@@ -247,6 +247,18 @@ class InstancePool:
         """Instance ``index`` and its worker thread belong to the next pool of this version now: ``close`` keeps them."""
         self._handed_over.add(index)
 
+    def inline_now(self) -> int | None:
+        """An instance a request may run on at once without ``acquire``-ing it, or None: one that runs inline and is
+        not ``held``. Its executions complete on the loop thread before anything else runs there, so two can never
+        overlap, whoever holds the instance (callers waiting for it from its time on its thread need not make later
+        ones wait: ``schedulers/default.py``). The mode of an instance changes only as one of its executions ends,
+        one at a time, so while it runs inline none of its executions is on its thread.
+        """
+        for index, mode in enumerate(self._modes):
+            if mode.inline and not mode.suspends and index not in self.held:
+                return index
+        return None
+
     def runs_inline(self, index: int) -> bool:
         """Whether ``execute`` on this instance completes without suspending (see the module docstring)."""
         mode = self._modes[index]

@@ -171,6 +171,10 @@ class RateLimitedPool:
         grantable = self.limiter.grantable
         return sum(1 for index in self._idle if grantable(self.demands[index]))
 
+    def inline_now(self) -> None:
+        """Never an instance without ``acquire``: each execution here takes its instance's resources."""
+        return None
+
     def try_acquire(self) -> int | None:
         for index in list(self._idle):
             if self._take(index):
