@@ -14,9 +14,12 @@ wall time: under load a fast model's thread can wait that long for the GIL now a
 sleeps or waits on I/O takes that long every time) runs on the event loop thread directly. An instance that
 declares ``cpu_bound`` (it only computes on the CPU, never waiting on a device or I/O: onnxruntime on its CPU
 provider) is judged by CPU time alone: its wall time over its CPU time is waiting for the GIL or for a core,
-which on a busy shared host can pass ``INLINE_SLOW_WALLS`` for minutes and kept a fast model on its thread. ``INLINE_EXIT_STRIKES`` executions in a row above
-``INLINE_EXIT_NS`` send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow blocks
-the loop only a couple of times, while one preempted execution (2 cores shared with clients) does not count.
+which on a busy shared host can pass ``INLINE_SLOW_WALLS`` for minutes and kept a fast model on its thread. Inline
+executions in a row above ``INLINE_EXIT_NS``, at least ``INLINE_EXIT_STRIKES`` of them and ``INLINE_EXIT_HELD_NS`` in
+all, send it back to its thread for ``INLINE_COOLDOWN`` executions: a model that turns slow holds the loop about
+that long once, while a preempted execution (2 cores shared with clients) or a short spell of a slow host does not
+count (this VM runs an onnxruntime session 15-40x slower than usual for tens of milliseconds now and then: two such
+executions in a row sent the ONNX MLP back to its thread every few seconds under load).
 
 An instance that declares ``suspends_on_engine`` blocks in its ``execute`` only on the engine (a python model's
 BLS call: ``core/suspend.py``). Judged the same way, its waits on the engine left out of its wall time, it goes
@@ -81,9 +84,11 @@ INLINE_ENTER_NS = 500_000
 INLINE_WINDOW = 64
 #: of those, at most this many may take INLINE_EXIT_NS of wall time or more
 INLINE_SLOW_WALLS = INLINE_WINDOW // 8
-#: this many inline executions in a row slower than INLINE_EXIT_NS return the instance to its thread
+#: inline executions in a row slower than INLINE_EXIT_NS, this many at least and INLINE_EXIT_HELD_NS in all, return
+#: the instance to its thread
 INLINE_EXIT_NS = 2_000_000
 INLINE_EXIT_STRIKES = 2
+INLINE_EXIT_HELD_NS = 50_000_000
 INLINE_COOLDOWN = 1_000
 #: the longest the loop waits for a woken worker thread to take the GIL (see the module docstring)
 HANDOFF_TIMEOUT_S = 0.002
@@ -93,7 +98,7 @@ class _Mode:
     """Per-instance execution-mode bookkeeping (see the module docstring)."""
 
     __slots__ = ("allowed", "forced", "cpu_bound", "suspends", "inline", "fast_streak", "slow_walls", "cooldown",
-                 "strikes")
+                 "strikes", "held_ns")
 
     def __init__(self, allowed: bool, forced: bool, cpu_bound: bool = False, suspends: bool = False) -> None:
         self.allowed = allowed
@@ -106,6 +111,7 @@ class _Mode:
         self.slow_walls = 0  # executions of the current streak that took INLINE_EXIT_NS of wall time or more
         self.cooldown = 0
         self.strikes = 0
+        self.held_ns = 0  # how long the current streak of slow inline executions held the loop
 
     def after_thread(self, duration_ns: int, cpu_ns: int) -> None:
         if not self.allowed:
@@ -137,13 +143,14 @@ class _Mode:
 
     def after_inline(self, duration_ns: int) -> None:
         if duration_ns <= INLINE_EXIT_NS or self.forced:
-            self.strikes = 0
+            self.strikes = self.held_ns = 0
             return
         self.strikes += 1
-        if self.strikes >= INLINE_EXIT_STRIKES:
+        self.held_ns += duration_ns
+        if self.strikes >= INLINE_EXIT_STRIKES and self.held_ns >= INLINE_EXIT_HELD_NS:
             self.inline = False
             self.fast_streak = self.slow_walls = 0
-            self.strikes = 0
+            self.strikes = self.held_ns = 0
             self.cooldown = INLINE_COOLDOWN
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -311,6 +312,32 @@ def test_a_slow_execution_restarts_the_count():
     assert not mode.inline
     mode.after_thread(QUICK_WALL, FAST_CPU)
     assert mode.inline
+
+
+def _inline_executions_until_thread(walls: list[int], limit: int = 2000) -> int | None:
+    """Inline executions (wall times cycled from ``walls``) until the mode goes back to the thread; None if never."""
+    mode = instances._Mode(allowed=True, forced=False, cpu_bound=True)
+    mode.inline = True
+    for count in range(1, limit + 1):
+        mode.after_inline(walls[(count - 1) % len(walls)])
+        if not mode.inline:
+            return count
+    return None
+
+
+def test_a_model_that_turns_slow_inline_goes_back_to_its_thread_once_it_held_the_loop_long_enough():
+    just_slow = instances.INLINE_EXIT_NS * 5 // 4
+    assert _inline_executions_until_thread([just_slow]) == math.ceil(instances.INLINE_EXIT_HELD_NS / just_slow)
+    assert _inline_executions_until_thread([instances.INLINE_EXIT_HELD_NS]) == instances.INLINE_EXIT_STRIKES
+    assert _inline_executions_until_thread([10 * instances.INLINE_EXIT_HELD_NS]) == instances.INLINE_EXIT_STRIKES
+
+
+def test_short_slow_spells_of_the_host_do_not_send_an_inline_instance_back():
+    # five executions in a row at 1.5x the limit, then a usual one, over and over: a slow host, not a slow model
+    # (with two strikes alone it went back at the second execution)
+    spell = [instances.INLINE_EXIT_NS * 3 // 2] * 5
+    assert _inline_executions_until_thread(spell + [QUICK_WALL]) is None
+    assert _inline_executions_until_thread(spell * 10) == math.ceil(instances.INLINE_EXIT_HELD_NS / spell[0])
 
 
 # -- an instance that blocks on the engine (a BLS model): on the loop thread, suspended at its waits --------
