@@ -155,8 +155,18 @@ def _is_binding(name: str, exc: AttributeError) -> bool:
     return obj is None or type(obj) is kind
 
 
+#: module name -> the files of the helper modules its import loaded from its own directory (``helper_files``)
+_helpers: dict[str, tuple[str, ...]] = {}
+
+
+def helper_files(module: ModuleType) -> tuple[str, ...]:
+    """The files of the modules that importing ``module`` (``load_model_module``) loaded from the model's own
+    directory: ``import helper`` or ``from . import helper`` at the top of ``model.py``, and what those import there."""
+    return _helpers.get(module.__name__, ())
+
+
 def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleType:
-    """Import ``model_file`` as a new module; helpers beside it stay private to it.
+    """Import ``model_file`` as a new module; helpers beside it stay private to it (``helper_files`` names them).
 
     No bytecode is written into the model repository (a read-only or polled repository must
     not change because a model was loaded).
@@ -194,10 +204,14 @@ def load_model_module(model_file: str, search_dir: str, label: str) -> ModuleTyp
                 sys.path.remove(search_dir)
             except ValueError:
                 pass
+            helpers = []
             for other in set(sys.modules) - before - {name, package_name}:
                 path = getattr(sys.modules[other], "__file__", None) or ""
                 if os.path.abspath(path).startswith(prefix):
+                    if path.endswith(".py"):  # source to read (an extension module's is not)
+                        helpers.append(path)
                     del sys.modules[other]
+    _helpers[name] = tuple(sorted(helpers))
     return module
 
 
@@ -205,6 +219,7 @@ def unload_module(module: ModuleType | None) -> None:
     """Forget a module of ``load_model_module`` and its private package."""
     if module is None:
         return
+    _helpers.pop(module.__name__, None)
     if sys.modules.get(module.__name__) is module:
         del sys.modules[module.__name__]
     package = module.__name__.rpartition(".")[0]
@@ -298,7 +313,7 @@ class PythonModelInstance:
 
     def _where_it_may_run(self) -> tuple[bool, bool]:
         """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous
-        ``execute``'s source: inline-safe when it makes no BLS call (nothing it does waits on the engine),
+        ``execute``'s source (``model.py`` and the helper modules its import loaded from its directory): inline-safe when it makes no BLS call (nothing it does waits on the engine),
         suspendable on the loop thread (``core/suspend.py``) when it calls the engine but blocks on nothing else
         (no threads, processes or event loops of its own, no response sender). A decoupled model's response
         sender does not count: its ``send`` only queues the response for the loop, so a quick decoupled model
@@ -307,8 +322,9 @@ class PythonModelInstance:
         over HTTP or gRPC) is neither."""
         if asyncio.iscoroutinefunction(self._execute):
             return False, False
+        files = (self._spec.model_file, *(helper_files(self._module) if self._module is not None else ()))
         try:
-            source = Path(self._spec.model_file).read_text(encoding="utf-8")
+            source = "\n".join(Path(file).read_text(encoding="utf-8") for file in files)
         except (OSError, UnicodeDecodeError):
             return False, False
         if names_network_client(source):  # it may call this server over HTTP or gRPC (backends/base.py)

@@ -28,8 +28,8 @@ the loop goes on meanwhile, and no thread is woken at all; the time it holds the
 what counts against ``INLINE_EXIT_NS``. Such an execution does suspend (``runs_inline`` is False for it), and
 the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait. An
 instance that waits on the engine on its thread without declaring ``suspends_on_engine`` (a python model whose
-BLS call is in a helper module its source check did not read) stays on its thread from then on: inline, its
-call could not wait. One whose first such call comes once it runs inline has that call refused (the request
+BLS call is in a module its source check did not read: one it imports only inside ``execute``, or from elsewhere than
+its own directory) stays on its thread from then on: inline, its call could not wait. One whose first such call comes once it runs inline has that call refused (the request
 fails with a clear error, ``Engine._refuse_on_loop_thread``) and goes back to its thread for good.
 
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child

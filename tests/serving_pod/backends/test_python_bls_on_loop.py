@@ -99,9 +99,9 @@ class TritonPythonModel:
         return responses
 '''
 
-#: a BLS model whose call lives in a helper module: its ``model.py`` alone shows no engine call; a request that asks
-#: ("alone") is answered without the call
-HIDDEN = '''
+#: a BLS model whose call lives in a helper module it imports at the top: the source check reads that module too;
+#: a request that asks ("alone") is answered without the call
+HELPED = '''
 import json
 
 import numpy as np
@@ -122,6 +122,10 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.astype(np.int32))]))
         return responses
 '''
+#: the same, importing its helper only where it calls it: neither its source nor its load shows the engine call
+HIDDEN = HELPED.replace("\nimport hidden_helper\n", "\n").replace(
+    "                out = hidden_helper.times_six(value)",
+    "                import hidden_helper\n\n                out = hidden_helper.times_six(value)")
 HIDDEN_HELPER = '''
 import triton_python_backend_utils as pb_utils
 
@@ -177,6 +181,8 @@ def server(threaded_server, tmp_path):
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
     write_model(tmp_path, "hidden_auto", in_out_config("hidden_auto", 0, execution_mode("auto")),
                 {"1/model.py": HIDDEN, "1/hidden_helper.py": HIDDEN_HELPER})
+    write_model(tmp_path, "helped_auto", in_out_config("helped_auto", 0, execution_mode("auto")),
+                {"1/model.py": HELPED, "1/hidden_helper.py": HIDDEN_HELPER})
     for mode in MODES:
         write_model(tmp_path, f"streamer_{mode}", in_out_config(f"streamer_{mode}", 0, execution_mode(mode)),
                     {"1/model.py": STREAMER})
@@ -290,6 +296,26 @@ def test_a_model_whose_hidden_call_comes_once_it_runs_inline_goes_back_to_its_th
     assert not pool._modes[0].inline
     answered = sent + instances.INLINE_WINDOW + 2  # the refused request failed: counted an execution and a failure
     assert _count(server, "sometimes_auto") == (answered, answered + 1, 1)
+
+
+def test_a_model_whose_bls_call_is_in_a_helper_it_imports_is_suspended_not_refused(
+        server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ``model.py`` shows no engine call, but the helper module its import loaded from its directory does: the
+    model declares itself suspendable, so its first BLS call made once ``auto`` moved it to the loop suspends there
+    and is answered (a model that imports its helper only where it calls it is refused once: the test above)."""
+    monkeypatch.setattr(instances, "INLINE_ENTER_NS", 5_000_000)
+    pool = server.engine.registry.get("helped_auto").pool
+    assert (pool.instances[0].inline_safe, pool.instances[0].suspends_on_engine) == (False, True)
+    sent = 0
+    while not pool._modes[0].inline and sent < 8 * instances.INLINE_WINDOW:
+        answer = _infer(server, PROTOCOLS[sent % 2], "helped_auto", sent, parameters={"alone": True})
+        assert answer.as_numpy("OUT").tolist() == [6 * sent]
+        sent += 1
+    assert _suspends(server, "helped_auto") == (True, True)
+    for value in range(4):  # the engine calls, the first of them on the loop
+        assert _infer(server, PROTOCOLS[value % 2], "helped_auto", value).as_numpy("OUT").tolist() == [6 * value]
+    assert _suspends(server, "helped_auto") == (True, True)
+    assert _count(server, "helped_auto") == (sent + 4, sent + 4, 0)
 
 
 def test_a_model_calling_its_own_server_over_the_network_stays_on_its_thread(
