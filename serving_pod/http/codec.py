@@ -95,6 +95,9 @@ def decode_infer_request(
             out_params = out.get("parameters")
             if type(out_params) is not dict:  # one that is not an object has no members to Triton (recorded live)
                 out_params = {}
+            if "classification" in out_params and "shared_memory_region" in out_params:
+                # Triton's words, whatever the count (0 too) and before the region is looked up (recorded live)
+                raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'classification'")
             if type(out_params.get("classification")) is int and out_params["classification"] == 0:
                 # Triton's HTTP front end takes 0 classes as no classification
                 out_params = {key: value for key, value in out_params.items() if key != "classification"}

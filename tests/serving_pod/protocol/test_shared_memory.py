@@ -350,3 +350,61 @@ def test_grpc_negative_offset_or_size_lies_outside_the_region(server, regions, o
         client.infer("idt_int", [httpclient_input(server, "grpc", "in")])  # still serves
     finally:
         client.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_output_in_shared_memory_with_classification_is_refused(server, regions, protocol):
+    """An output placed in a registered region and asking for classification gets 400 / INVALID_ARGUMENT "output
+    can't set both 'shared_memory_region' and 'classification'" (Triton 2.51's words; HTTP capitalizes "Output";
+    tritonclient refuses the pair itself, so the messages are sent raw). Over HTTP Ferry served it: the class
+    strings went into the region and the answer was 200."""
+    import grpc
+    import httpx
+
+    region = regions("out", 64)
+    shm.set_shared_memory_region(region, [np.full(16, 7, np.int32)])
+    client = server.client(protocol)
+    client.register_system_shared_memory("out", _key(region), 64)
+    placed = {"shared_memory_region": "out", "shared_memory_byte_size": 64}
+    try:
+        if protocol == "http":
+            body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}],
+                    "outputs": [{"name": "OUTPUT0", "parameters": {**placed, "classification": 2}}]}
+            response = httpx.post(f"http://{server.http_url}/v2/models/idt_int/infer", json=body)
+            refusal = (response.status_code, response.json()["error"])
+        else:
+            kinds = {"shared_memory_region": "string_param", "shared_memory_byte_size": "int64_param"}
+            params = {key: (kinds[key], value) for key, value in placed.items()}
+            request = _grpc_infer_request({}, outputs=[("OUTPUT0", {**params, "classification": ("int64_param", 2)})],
+                                          raw=np.arange(16, dtype=np.int32).tobytes())
+            with pytest.raises(grpc.RpcError) as info:
+                _grpc_stub(server).ModelInfer(request)
+            refusal = (info.value.code(), info.value.details())
+        assert refusal == ({"http": 400, "grpc": grpc.StatusCode.INVALID_ARGUMENT}[protocol],
+                           {"http": "O", "grpc": "o"}[protocol]
+                           + "utput can't set both 'shared_memory_region' and 'classification'")
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [16]), np.full(16, 7, np.int32))
+        module = server.module(protocol)  # the same request without classification is served into the region
+        infer_input = module.InferInput("INPUT0", [1, 16], "INT32")
+        infer_input.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        output = module.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("out", 64)
+        client.infer("idt_int", [infer_input], outputs=[output])
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [16]), np.arange(16, dtype=np.int32))
+    finally:
+        client.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("classification", [0, "x"])
+def test_http_output_in_shared_memory_with_any_classification_is_refused(server, classification):
+    """Over HTTP Triton 2.51 refuses the pair whatever the count (0, which alone means no classification, or one
+    of the wrong type) and before it looks the region up: 400 "Output can't set both 'shared_memory_region' and
+    'classification'" for a region never registered (recorded live; Ferry answered 404 or its own words)."""
+    import httpx
+
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 64,
+                                                           "classification": classification}}]}
+    response = httpx.post(f"http://{server.http_url}/v2/models/idt_int/infer", json=body)
+    assert (response.status_code, response.json()) == (
+        400, {"error": "Output can't set both 'shared_memory_region' and 'classification'"})
