@@ -28,7 +28,7 @@ from serving_pod.core import datatypes
 from serving_pod.core.errors import InvalidArgumentError
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
-from serving_pod.http.responses import before_parsing, parse_json
+from serving_pod.http.responses import JsonFollowedByBytes, before_parsing, parse_json
 
 
 def decode_base64(text: str, what: str) -> bytes:
@@ -61,7 +61,13 @@ def decode_infer_request(
     else:
         header_bytes = body
         binary = memoryview(b"")
-    header = parse_json(header_bytes)
+    try:
+        header = parse_json(header_bytes)
+    except JsonFollowedByBytes as exc:
+        if header_length is not None:
+            raise
+        raise InvalidArgumentError(f"{exc.message}; binary tensor data needs the 'Inference-Header-Content-Length' "
+                                   "header (the length of the JSON)") from None
     if not isinstance(header, dict):
         raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
     raw_inputs = header.get("inputs")

@@ -112,7 +112,7 @@ def parse_json(raw: bytes | memoryview) -> Any:
     """A request body's JSON document, read as tritonserver reads it: one UTF-8 byte order mark before it is
     skipped, and the tokens of rapidjson's ``kParseNanAndInfFlag`` are numbers (``_NON_FINITE``; tritonclient
     writes ``NaN``, ``Infinity`` and ``-Infinity`` for such floats; orjson refuses them all). InvalidArgumentError
-    in Triton's words if it is not JSON."""
+    in Triton's words if it is not JSON (``_refusal``)."""
     if raw[:3] == BOM:  # a memoryview compares by content: no copy per request
         raw = raw[3:]
     try:
@@ -124,7 +124,33 @@ def parse_json(raw: bytes | memoryview) -> Any:
         document = _with_non_finite(raw)
         if document is not None:
             return document
-    raise InvalidArgumentError(f"failed to parse the request JSON buffer: {error}")
+    raise _refusal(raw, error)
+
+
+class JsonFollowedByBytes(InvalidArgumentError):
+    """A whole JSON document followed by bytes that are not UTF-8: most often binary tensor data sent without the
+    ``Inference-Header-Content-Length`` header that tells where the JSON ends (the codec says so)."""
+
+
+def _refusal(raw: bytes, error: orjson.JSONDecodeError) -> InvalidArgumentError:
+    """orjson's words, except for bytes that are not UTF-8, which it places at char 0 ("str is not valid UTF-8:
+    surrogates not allowed") whatever they are: then the first such byte, or the length of the whole document
+    before it (``JsonFollowedByBytes``)."""
+    prefix = "failed to parse the request JSON buffer: "
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        at = exc.start
+    else:
+        return InvalidArgumentError(f"{prefix}{error}")
+    text = raw[:at].decode()
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, len(text) - len(text.lstrip()))
+    except ValueError:
+        return InvalidArgumentError(f"{prefix}invalid UTF-8 at byte {at}")
+    size = len(text[:end].encode())
+    return JsonFollowedByBytes(f"{prefix}the JSON document ({size} bytes) is followed by {len(raw) - size} bytes "
+                               "that are not JSON")
 
 
 #: a JSON string, or one of the tokens rapidjson reads as a number with ``kParseNanAndInfFlag`` (Triton's

@@ -94,6 +94,14 @@ HTTP_CASES = {
     # tritonserver reads the length with atoi: 0, so the body is the raw input (``http.raw``), 14 bytes of 16
     "header length not a number": (b'{"inputs": []}', {"Inference-Header-Content-Length": "ten"}, 400,
                                    "input byte size mismatch for input 'raw_input' for model 'fp32'. Expected 16, got 14"),
+    # orjson put every byte that is not UTF-8 at "line 1 column 1 (char 0)", "surrogates not allowed"; Triton 2.51
+    # reads such a body up to its first NUL ("unexpected size for input 'INPUT0', expecting 16 additional bytes")
+    "binary data without its header length": (_binary_request("INPUT0", "FP32", [1, 4], np.ones(4, np.float32).tobytes())[0], {},
+                                              400, "failed to parse the request JSON buffer: the JSON document (109 bytes) is "
+                                              "followed by 16 bytes that are not JSON; binary tensor data needs the "
+                                              "'Inference-Header-Content-Length' header (the length of the JSON)"),
+    "bytes that are not UTF-8 in the JSON": (b'{"id": "\xff", "inputs": []}', {}, 400,
+                                             "failed to parse the request JSON buffer: invalid UTF-8 at byte 8"),
     "unsupported encoding": (b"xx", {"Content-Encoding": "br"}, 501, "Unsupported compression type"),
     "corrupt gzip": (b"not gzip at all", {"Content-Encoding": "gzip"}, 400, "failed to decompress"),
 }
