@@ -10,8 +10,9 @@ Semantics shared by those backends: only requested outputs are computed (the uni
 plus implicit-state outputs, which are always returned (the sequence scheduler places each
 ``sequence_batching.state`` tensor in the request under its ``input_name`` and reads ``output_name``
 back from the response). ``reshape`` in the config is applied to inputs before the call and undone
-on outputs. Requests that cannot be concatenated after all run one by one; a framework failure
-fails the requests of that call only.
+on outputs. Requests that cannot be concatenated after all run one by one. A batch whose call fails runs
+again one request at a time, so that one request's data the framework cannot take (a string an ONNX ``Cast``
+cannot read as a number, bytes that are not UTF-8) fails that request alone, not the others batched with it.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ class BatchedInstance:
         sizes = [batch_size_of(request, plan.max_batch_size) for request in requests]
         try:
             parts = split_outputs(self._run(feeds, names, sum(sizes)), sizes)
-        except ServerError as exc:
-            return [exc] * len(requests)
+        except ServerError:  # one request's data may have failed the call: only what fails alone fails
+            return [self._execute_one(request) for request in requests]
         return [self._respond(request, part) for request, part in zip(requests, parts)]
 
     def _execute_one(self, request: InferRequest) -> InferResponse | ServerError:

@@ -391,3 +391,50 @@ def test_http_shared_memory_register_without_a_region(threaded_server, tmp_path,
     response = httpx.post(f"http://{server.http_url}/v2/{kind}sharedmemory/register", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json() == {"error": f"'region name' is necessary to register {kind} shared memory region"}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_the_model_cannot_run_fails_alone_in_its_batch(threaded_server, tmp_path, protocol):
+    """Dynamic batching puts a request whose strings simple_string's ONNX ``Cast`` cannot read ("abc") in one
+    batch with three good ones (preferred_batch_size 4; the statistics show the one execution): the bad request
+    gets 500 / INTERNAL naming the model, the three good ones their sums. All four failed with that error (so
+    does Triton's onnxruntime backend: a failed run fails every request of its batch)."""
+    import shutil
+    import threading
+
+    from tritonclient.utils import InferenceServerException
+
+    from support.server import DEFAULT_MODELS
+
+    model = tmp_path / "strings"
+    shutil.copytree(DEFAULT_MODELS / "simple_string", model)
+    config = (model / "config.pbtxt").read_text().replace('name: "simple_string"', 'name: "strings"')
+    (model / "config.pbtxt").write_text(
+        config + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 10000000 }\n")
+    server = threaded_server([tmp_path])
+    module = server.module(protocol)
+    results: dict[str, object] = {}
+
+    def send(value: bytes) -> None:
+        inputs = []
+        for name, data in (("INPUT0", value), ("INPUT1", b"1")):
+            tensor = module.InferInput(name, [1, 16], "BYTES")
+            tensor.set_data_from_numpy(np.array([[data] * 16], dtype=object))
+            inputs.append(tensor)
+        try:
+            results[value.decode()] = server.client(protocol).infer("strings", inputs).as_numpy("OUTPUT0").tolist()
+        except InferenceServerException as exc:
+            results[value.decode()] = (str(exc.status()), exc.message())
+
+    threads = [threading.Thread(target=send, args=(value,)) for value in (b"1", b"abc", b"2", b"3")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    stats = server.client("http").get_inference_statistics("strings")["model_stats"][0]
+    assert stats["execution_count"] == 1 and stats["inference_stats"]["fail"]["count"] == 1  # one batch of four
+    assert stats["inference_count"] == 3  # the good ones (it was 0)
+    status, message = results.pop("abc")
+    assert status == {"http": "500", "grpc": "StatusCode.INTERNAL"}[protocol]
+    assert message.startswith("onnxruntime failed to run model 'strings'") and "Cast" in message
+    assert results == {value: [[str(int(value) + 1).encode()] * 16] for value in ("1", "2", "3")}

@@ -242,6 +242,33 @@ def test_simple_string_example(tmp_path: Path) -> None:
     assert out["OUTPUT1"].tolist() == [[str(i - 1).encode() for i in range(16)]]
 
 
+def test_a_request_whose_data_fails_the_batch_fails_alone(tmp_path: Path) -> None:
+    """A string simple_string's ``Cast`` cannot read as a number, or bytes that are not UTF-8, batched with good
+    requests: the bad request gets its error (INTERNAL naming the model / INVALID_ARGUMENT), the others their
+    answers. The whole batch failed with the bad request's error (as Triton's onnxruntime backend fails it)."""
+    instance = load(DEFAULT_MODELS / "simple_string")
+    calls = []
+    session = instance._session
+    instance._session = type("Counting", (), {"run": lambda self, *a: calls.append(1) or session.run(*a)})()
+
+    def strings(value: bytes) -> np.ndarray:
+        return np.array([[value] * 16], dtype=object)
+
+    good = [request(str(i), INPUT0=("BYTES", strings(str(i).encode())), INPUT1=("BYTES", strings(b"1")))
+            for i in range(3)]
+    not_a_number = request("x", INPUT0=("BYTES", strings(b"abc")), INPUT1=("BYTES", strings(b"1")))
+    not_utf8 = request("y", INPUT0=("BYTES", strings(b"\xff")), INPUT1=("BYTES", strings(b"1")))
+    results = instance.execute([good[0], not_a_number, good[1], not_utf8, good[2]])
+    assert isinstance(results[1], InternalError) and "onnxruntime failed to run model 'simple_string'" in str(results[1])
+    assert isinstance(results[3], InvalidArgumentError) and "UTF-8" in str(results[3])
+    for index, result in zip(range(3), (results[0], results[2], results[4])):
+        assert result.id == str(index)
+        assert answer(result)["OUTPUT0"].tolist() == [[str(index + 1).encode()] * 16]
+    assert len(calls) == 4  # the batch stopped at the bytes that are not UTF-8 before its run; 4 alone, not those
+    calls.clear()
+    assert answer(instance.execute(good[:2])[1])["OUTPUT1"].tolist() == [[b"0"] * 16] and len(calls) == 1
+
+
 # --- reshape and implicit state ----------------------------------------------------------------
 
 
