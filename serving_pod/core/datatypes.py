@@ -236,10 +236,24 @@ def from_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview, wha
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
+#: the 0-d zero each ``placeholder`` of a numpy dtype broadcasts: ``is_placeholder`` knows them by it
+_PLACEHOLDER_BASES: dict[np.dtype, np.ndarray] = {}
+
+
 def placeholder(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     """A read-only array of ``shape`` that holds no memory: the data of a tensor whose bytes come later (shared
     memory) or are refused later (``decode_raw``). An unknown datatype gets bytes (its model refuses it)."""
-    return np.broadcast_to(np.zeros((), WIRE_TO_NUMPY.get(datatype, np.dtype(np.uint8))), shape)
+    dtype = WIRE_TO_NUMPY.get(datatype, np.dtype(np.uint8))
+    base = _PLACEHOLDER_BASES.get(dtype)
+    if base is None:
+        base = _PLACEHOLDER_BASES.setdefault(dtype, np.zeros((), dtype))
+    return np.broadcast_to(base, shape)
+
+
+def is_placeholder(array: np.ndarray) -> bool:
+    """Whether ``array`` is a ``placeholder``: its shape is all it holds (a broadcast a model or client made is
+    not one)."""
+    return array.base is not None and array.base is _PLACEHOLDER_BASES.get(array.dtype)
 
 
 def decode_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> tuple[np.ndarray, DataDefect | None]:

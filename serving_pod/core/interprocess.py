@@ -9,7 +9,10 @@ request here), and a request's round trip is paid on every inference.
 A tensor's ``defect`` (data that did not fit, found as a protocol worker decoded it) crosses with it, for the
 engine's validation to refuse on the far side. A request's ``responder`` and ``cancelled`` objects do not cross:
 the tuple says whether the request had them, and ``request_from_wire`` puts ``True`` in their place for the far
-side to replace with its own (or ``None`` where there was none).
+side to replace with its own (or ``None`` where there was none). A placeholder (``datatypes.placeholder``: the
+data of a tensor in shared memory, of one with a defect or of an unknown datatype) crosses as its shape alone:
+its shape is the client's, and pickling its broadcast elements made a 100-byte request claiming 2**30 strings
+cost gigabytes (2**40: a MemoryError, answered 500).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from serving_pod.core.datatypes import is_placeholder, placeholder
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 
@@ -25,7 +29,9 @@ def tensors_to_wire(tensors: list[Tensor]) -> list[tuple]:
     out: list[tuple] = []
     for tensor in tensors:
         data = tensor.data
-        if data.dtype.hasobject:  # BYTES: the object array itself
+        if not data.flags.c_contiguous and is_placeholder(data):  # its shape, never its broadcast elements
+            out.append((tensor.name, tensor.datatype, None, None, data.shape, tensor.parameters, tensor.defect))
+        elif data.dtype.hasobject:  # BYTES: the object array itself
             out.append((tensor.name, tensor.datatype, data, None, None, tensor.parameters, tensor.defect))
         else:
             # a bytearray (one copy, as ``tobytes``) so the far side's array is writable, as Triton's are
@@ -40,6 +46,8 @@ def tensors_from_wire(items: list[tuple]) -> list[Tensor]:
     for name, datatype, data, dtype, shape, parameters, defect in items:
         if dtype is not None:
             data = np.frombuffer(data, dtype).reshape(shape)
+        elif data is None:
+            data = placeholder(datatype, shape)
         tensors.append(Tensor(name, datatype, data, parameters, defect))
     return tensors
 

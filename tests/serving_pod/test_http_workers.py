@@ -275,3 +275,52 @@ def test_bridge_writes_a_worker_traced_request_once_both_sides_are_done(tmp_path
     connection.connection_lost(None)
     assert [name for name, _ in written()["r3"]][:3] == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START"]
     tracer.close()
+
+
+HUGE = 2**40  # elements a 100-byte request may claim
+
+
+def test_a_huge_claimed_shape_is_refused_through_the_workers_as_over_grpc(tmp_path):
+    """A request whose shape claims 2**40 elements it does not carry (one string; or data in a region never
+    registered) is refused through the workers as by the server itself and over gRPC: 400 / INVALID_ARGUMENT with
+    Triton's count, 404 / NOT_FOUND for the region. A worker pickled the data placeholder of that shape to hand
+    the request over: MemoryError, answered 500 "Internal Server Error" (2**30 strings: gigabytes per request)."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    write_model(tmp_path, "text", test_model_config("text", "TYPE_STRING", "[ -1 ]", max_batch_size=0))
+    process, http = _spawn(tmp_path, "--model-control-mode=explicit", "--load-model=text", "--allow-client-shm=true")
+    grpc_port = int(next(arg for arg in process.args if arg.startswith("--grpc-port=")).split("=")[1])
+    region = {"shared_memory_region": "nope", "shared_memory_byte_size": 64}
+    cases = {  # (the input's JSON, the same as gRPC parameters) -> (HTTP status, gRPC code, message)
+        "one string": (({"data": ["a"]}, {}), (400, "INVALID_ARGUMENT", (
+            f"[request id: <id_unknown>] expected {HUGE} string elements for inference input 'INPUT0' for model "
+            "'text', got 1"))),
+        "a region never registered": (({"parameters": region}, region),
+                                      (404, "NOT_FOUND", "Unable to find shared memory region: 'nope'")),
+    }
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for (fields, parameters), (status, code, message) in cases.values():
+                body = {"inputs": [{"name": "INPUT0", "shape": [HUGE], "datatype": "BYTES", **fields}]}
+                for _ in range(6):  # fresh connections: the kernel spreads them over the accepting processes
+                    response = httpx.post(f"http://127.0.0.1:{http}/v2/models/text/infer", json=body, timeout=30)
+                    assert response.status_code == status, response.text
+                    assert response.json() == {"error": message}
+                request = pb.ModelInferRequest(model_name="text")
+                tensor = request.inputs.add(name="INPUT0", datatype="BYTES", shape=[HUGE])
+                for key, value in parameters.items():
+                    setattr(tensor.parameters[key], "string_param" if isinstance(value, str) else "int64_param", value)
+                if not parameters:
+                    tensor.contents.bytes_contents.append(b"a")
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.ModelInfer(request, timeout=30)
+                assert (info.value.code().name, info.value.details()) == (code, message)
+        body = {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}
+        response = httpx.post(f"http://127.0.0.1:{http}/v2/models/text/infer", json=body, timeout=30)
+        assert response.json()["outputs"][0]["data"] == ["a", "b"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)

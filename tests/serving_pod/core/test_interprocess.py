@@ -72,3 +72,25 @@ def test_results_keep_responses_errors_and_nones_in_order() -> None:
     assert back[0].outputs[0].name == "Y" and back[0].outputs[0].data.tolist() == [[1, 2]]
     assert isinstance(back[1], InvalidArgumentError) and back[1].message == "bad input"
     assert back[2] is None
+
+
+def test_a_placeholder_crosses_as_its_shape_and_a_broadcast_with_its_values() -> None:
+    """A data placeholder (a defect's, a shared memory input's) of 2**40 elements crosses as its shape: a small
+    message, a placeholder again on the far side (it was pickled element by element: MemoryError). A broadcast
+    a model or client made is data like any other and keeps its values."""
+    from serving_pod.core.datatypes import is_placeholder, placeholder
+
+    huge = (2**40,)
+    request = InferRequest("m", "", [
+        Tensor("S", "BYTES", placeholder("BYTES", huge), defect=DataDefect("too_few_strings", 2**40, 1)),
+        Tensor("R", "FP32", placeholder("FP32", (1, 2**40)), {"shared_memory_region": "r"}),
+        Tensor("B", "FP32", np.broadcast_to(np.float32(5), (2, 3))),
+    ])
+    message = pickle.dumps(request_to_wire(request), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(message) < 2000
+    strings, region, broadcast = request_from_wire(pickle.loads(message)).inputs
+    assert is_placeholder(strings.data) and strings.data.shape == huge and strings.data.dtype == np.object_
+    assert strings.defect == DataDefect("too_few_strings", 2**40, 1)
+    assert is_placeholder(region.data) and region.data.shape == (1, 2**40) and region.parameters == {
+        "shared_memory_region": "r"}
+    assert not is_placeholder(broadcast.data) and broadcast.data.tolist() == [[5.0] * 3] * 2
