@@ -4,7 +4,8 @@
 test_shared_memory.py`` ``--shared-memory``. Here, one short run per mode (``--measurement-interval 500``, three
 trials): request rate with a Poisson schedule, async concurrency, sequences, decoupled and non-decoupled gRPC
 streaming, periodic concurrency, ensembles and BLS with their composing models, request parameters, every
-datatype with variable dims and batching, and ``--collect-metrics`` with a verbose CSV. Where it can, a run
+datatype with variable dims and batching, the response cache's breakdown, and ``--collect-metrics`` with a
+verbose CSV. Where it can, a run
 makes perf_analyzer check the answers itself (``validation_data`` in an ``--input-data`` file: it exits 99 on
 the first wrong output), or the test reads back what perf_analyzer recorded per request
 (``--profile-export-file``). Each of these modes was run side by side with NVIDIA Triton 2.51 (python backend)
@@ -103,6 +104,8 @@ class TritonPythonModel:
 
 LOCAL = {"seq_py": (SEQ_CONFIG, SEQ_MODEL), "echo_py": (ECHO_CONFIG, ECHO_MODEL),
          "params_py": (PARAMS_CONFIG, PARAMS_MODEL)}
+#: ``double_py`` again, under the response cache (the server runs with ``--cache-config local,...``)
+CACHED = "cached_py"
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ferry]:
     repo = root / "models"
     for name in BENCH:
         shutil.copytree(BENCH_MODELS / name, repo / name)
+    shutil.copytree(BENCH_MODELS / "double_py", repo / CACHED)
+    config = (repo / CACHED / "config.pbtxt").read_text().replace('name: "double_py"', f'name: "{CACHED}"')
+    (repo / CACHED / "config.pbtxt").write_text(config + "response_cache { enable: true }\n")
     for name, (config, model) in LOCAL.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
@@ -149,7 +155,7 @@ def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ferry]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serving_pod.cli", f"--model-repository={repo}", f"--http-port={http_port}",
-             f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"],
+             f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", "--cache-config=local,size=1048576"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         try:
@@ -311,6 +317,21 @@ def metrics_and_verbose_csv(ferry: Ferry, protocol: str, tmp_path: Path) -> None
     assert all(float(row["Inferences/Second"]) > 0 and float(row["Server Compute Infer"]) > 0 for row in rows)
 
 
+def response_cache(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+    """The same zero input every time: perf_analyzer's cache breakdown (shown for a model whose config enables
+    the response cache) counts the first requests as misses and the rest as hits. A batch size of its own per
+    protocol, so that each run starts with a key not in the cache yet."""
+    batch = "1" if protocol == "http" else "2"
+    run = _run(ferry, protocol, tmp_path, "-m", CACHED, "--input-data", "zero", "--concurrency-range", "2",
+               "-b", batch)
+    server = run.output.split("Server:")[1]
+    hits = int(server.split("Cache hit count:")[1].split()[0])
+    misses = int(server.split("Cache miss count:")[1].split()[0])
+    success = int(server.split("Successful request count:")[1].split()[0])
+    assert 1 <= misses <= 2 < hits <= success, server
+    assert "Average Cache Hit Latency:" in server and "Average Cache Miss Latency:" in server, server
+
+
 MODES: list[tuple[Callable[[Ferry, str, Path], None], tuple[str, ...]]] = [
     (request_rate_poisson, ("http", "grpc")),
     (async_concurrency, ("http",)),
@@ -324,6 +345,7 @@ MODES: list[tuple[Callable[[Ferry, str, Path], None], tuple[str, ...]]] = [
     (datatypes_batched, ("http", "grpc")),
     (request_parameters, ("grpc",)),  # perf_analyzer 2.50 sends request parameters over gRPC only
     (metrics_and_verbose_csv, ("http",)),
+    (response_cache, ("http", "grpc")),
 ]
 
 
