@@ -319,6 +319,7 @@ class Engine:
         """Hand an admitted request to its model's scheduler, counting it in flight."""
         self._inflight += 1
         self._idle.clear()
+        request.queue_start_ns = time.monotonic_ns()
         try:
             return await model.scheduler.submit(request)
         except asyncio.CancelledError:

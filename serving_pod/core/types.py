@@ -69,6 +69,9 @@ class InferRequest:
     #: the request's ``trace.Trace`` once the engine sampled it (None untraced); on an ensemble step's request
     #: before admission, the ensemble request's trace (its parent)
     trace: Any = None
+    #: monotonic ns at which the engine handed the admitted request to its model's scheduler, where Triton's queue
+    #: time starts (its ``QueueStartNs``: after the request was validated); 0: ``arrival_ns`` stands for it
+    queue_start_ns: int = 0
 
 
 @dataclass(slots=True)

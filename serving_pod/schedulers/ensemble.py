@@ -27,8 +27,9 @@ matches the input's dims gets a leading 1; into a non-batching model, a tensor o
 match the input's dims loses its leading dimension.
 
 The ensemble's own statistics follow Triton's: one success and one execution of its batch size per request,
-queue time up to the first step's dispatch, and as ``compute_input`` / ``compute_infer`` / ``compute_output``
-the sums of what each step's request was charged by its model (a step request carries the ensemble's
+queue time from the request's hand-over to this scheduler (``queue_start_ns``, after its validation) to the first
+step's dispatch, and as ``compute_input`` / ``compute_infer`` / ``compute_output`` the sums of what each step's
+request was charged by its model (a step request carries the ensemble's
 ``statistics.StepCompute`` as ``stats_sink``, which the instance pool charges with the request). A failed request
 leaves ``last_inference`` as it was and counts failures of reason ``OTHER`` as Triton 2.51 does: one when the
 error goes out, and one more when the request is released, which 2.51 does only if no step was left in flight
@@ -212,7 +213,7 @@ class EnsembleScheduler:
         if request.stats_sink is not None:  # a step of an outer ensemble, which is charged these sums too
             request.stats_sink.add(compute.input_ns, compute.infer_ns, compute.output_ns)
         stats.record_execution(self.model.batch_size_of(request), compute.input_ns, compute.infer_ns, compute.output_ns)
-        stats.record_success(done_ns - request.arrival_ns, dispatch_ns - request.arrival_ns,
+        stats.record_success(done_ns - request.arrival_ns, dispatch_ns - (request.queue_start_ns or request.arrival_ns),
                              compute.input_ns, compute.infer_ns, compute.output_ns)
         return responses[0] if responses else None
 

@@ -29,8 +29,9 @@ what counts against ``INLINE_EXIT_NS``. Such an execution does suspend (``runs_i
 the instance's ``on_resume`` (restoring its per-thread state) runs before it goes on after each wait. An
 instance that waits on the engine on its thread without declaring ``suspends_on_engine`` (a python model whose
 BLS call is in a module its source check did not read: one it imports only inside ``execute``, or from elsewhere than
-its own directory) stays on its thread from then on: inline, its call could not wait. One whose first such call comes once it runs inline has that call refused (the request
-fails with a clear error, ``Engine._refuse_on_loop_thread``) and goes back to its thread for good.
+its own directory) stays on its thread from then on: inline, its call could not wait. One whose first such call
+comes once it runs inline has that call refused (the request fails with a clear error,
+``Engine._refuse_on_loop_thread``) and goes back to its thread for good.
 
 An instance whose execution waits on I/O instead of computing (an isolated python model: its child
 process computes) may offer ``execute_on_loop(requests)``: an awaitable the pool awaits on the loop,
@@ -406,7 +407,7 @@ class InstancePool:
             else:
                 succeeded += size
                 request_ns.append(done_ns - request.arrival_ns)
-                queue_ns.append(dispatch_ns - request.arrival_ns)
+                queue_ns.append(dispatch_ns - (request.queue_start_ns or request.arrival_ns))
                 if request.stats_sink is not None:  # an ensemble's step: the ensemble is charged it too
                     request.stats_sink.add(input_ns, infer_ns, output_ns)
         stats.record_execution(batch_size if executed_size is None else executed_size, input_ns, infer_ns, output_ns,

@@ -49,7 +49,7 @@ class StateIO:
         prepared = InferRequest(
             request.model_name, request.model_version, inputs, outputs, request.id,
             request.parameters, request.arrival_ns, request.responder, request.cancelled,
-            stats_sink=request.stats_sink,
+            stats_sink=request.stats_sink, queue_start_ns=request.queue_start_ns,
         )
         return prepared, states
 

@@ -302,3 +302,40 @@ def test_unload_dependents_unloads_the_composing_models(server) -> None:
     assert client.is_model_ready("slow_left")
     client.unload_model("fan_out")  # without the flag the composing models stay
     assert client.is_model_ready("slow_left") and not client.is_model_ready("fan_out")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_queue_time_starts_once_the_request_is_admitted(server, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Triton's (its queue starts as the scheduler takes the request, after the request was validated), the
+    queue time of an ensemble and of a model starts when the engine hands the admitted request to the model's
+    scheduler: an admission that takes 50 ms counts in the request's time (``success``), not in ``queue``."""
+    from serving_pod.core.engine import Engine
+
+    client = server.client(protocol)
+    module = server.module(protocol)
+    for name in ("backwards", "ident_a"):
+        client.load_model(name)
+    admit = Engine._checked
+
+    def slow_admission(self, request):
+        time.sleep(0.05)
+        return admit(self, request)
+
+    def totals(name: str) -> tuple[int, int, int]:
+        stats = server.client("http").get_inference_statistics(name)["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"]), int(stats["success"]["ns"]), int(stats["queue"]["ns"])
+
+    before = {name: totals(name) for name in ("backwards", "ident_a")}
+    monkeypatch.setattr(Engine, "_checked", slow_admission)
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for name in ("backwards", "ident_a"):
+        tensor = module.InferInput("IN" if name == "backwards" else "INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(data)
+        answer = client.infer(name, [tensor]).as_numpy("OUT" if name == "backwards" else "OUTPUT0")
+        assert answer.tolist() == data.tolist()
+    monkeypatch.undo()
+    for name, requests in (("backwards", 1), ("ident_a", 2)):  # ident_a: the ensemble's first step, then alone
+        count, success_ns, queue_ns = (now - then for now, then in zip(totals(name), before[name]))
+        assert count == requests, name
+        assert success_ns >= requests * 50_000_000, name  # each admission counts in its request's time
+        assert queue_ns < 50_000_000, name  # not in the queue time
