@@ -165,8 +165,16 @@ def test_a_sub_millisecond_wait_sleeps_until_its_last_stretch(run) -> None:
 def test_without_a_timerfd_waits_fall_back_to_the_loops_timers(run, monkeypatch) -> None:
     """Where ``fine_timers`` has none (not Linux): whole milliseconds on the loop's timers, then turns."""
     monkeypatch.setattr(clock_module, "fine_timers", lambda loop: None)
+    delays: list[float] = []
+    whole_ms = clock_module.early_delay_s
+    monkeypatch.setattr(clock_module, "early_delay_s", lambda ns: delays.append(whole_ms(ns)) or delays[-1])
 
-    async def main() -> int:
-        return await wait(LoopClock(), 1_300_000)
+    async def main() -> tuple[int, int]:
+        started = time.monotonic_ns()
+        armed = await wait(LoopClock(), 1_300_000)
+        return armed, time.monotonic_ns() - started
 
-    assert run(main()) >= 2  # 1 ms on the loop's timer, then at least one re-check for the rest
+    armed, wall_ns = run(main())
+    # 1 ms on the loop's timer, then (unless that timer fired late) re-checks on the next turns for the rest
+    assert delays[0] == 0.001 and delays[1:] == [0.0] * (armed - 1)
+    assert wall_ns >= 1_300_000
