@@ -49,8 +49,8 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     grpc_address: str = "0.0.0.0"
     metrics_address: str = "0.0.0.0"
-    #: freeze start-up objects out of the garbage collector and raise its young threshold (``server.GC_YOUNG_THRESHOLD``;
-    #: the CLI sets it; in-process embedders may not want it)
+    #: freeze start-up objects out of the garbage collector and raise its young threshold
+    #: (``server.GC_YOUNG_THRESHOLD``; the CLI sets it; in-process embedders may not want it)
     gc_freeze: bool = False
     http_port: int = 8000
     grpc_port: int = 8001

@@ -313,9 +313,10 @@ class PythonModelInstance:
 
     def _where_it_may_run(self) -> tuple[bool, bool]:
         """(inline_safe, suspends_on_engine) as ``schedulers/instances.py`` reads them, from a synchronous
-        ``execute``'s source (``model.py`` and the helper modules its import loaded from its directory): inline-safe when it makes no BLS call (nothing it does waits on the engine),
-        suspendable on the loop thread (``core/suspend.py``) when it calls the engine but blocks on nothing else
-        (no threads, processes or event loops of its own, no response sender). A decoupled model's response
+        ``execute``'s source (``model.py`` and the helper modules its import loaded from its directory): inline-safe
+        when it makes no BLS call (nothing it does waits on the engine), suspendable on the loop thread
+        (``core/suspend.py``) when it calls the engine but blocks on nothing else (no threads, processes or event
+        loops of its own, no response sender). A decoupled model's response
         sender does not count: its ``send`` only queues the response for the loop, so a quick decoupled model
         streams from the loop thread too (its responses go out when ``execute`` returns or suspends, which the
         pool's wall-time judgement keeps short). A model that names a network client (it may call this server
