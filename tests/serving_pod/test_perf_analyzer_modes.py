@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.servers import Ports
 from support.perf_analyzer import perf_analyzer_cmd
 from support.server import free_ports, stop_process, wait_ready
 
@@ -109,16 +110,6 @@ CACHED = "cached_py"
 
 
 @dataclass(frozen=True)
-class Ferry:
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-
-    def url(self, protocol: str) -> str:
-        return f"127.0.0.1:{self.http_port if protocol == 'http' else self.grpc_port}"
-
-
-@dataclass(frozen=True)
 class Run:
     """One finished perf_analyzer run: its exit code, text output, and the files it was asked to write."""
 
@@ -137,7 +128,7 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ferry]:
+def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
     perf_analyzer_cmd()  # skip before starting a server when perf_analyzer cannot be had
     root = tmp_path_factory.mktemp("perf_analyzer_modes")
     repo = root / "models"
@@ -162,7 +153,7 @@ def ferry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ferry]:
             wait_ready(http_port, proc)
         except AssertionError:
             pytest.fail(f"ferry-server not ready:\n{log.read_text()[-3000:]}")
-        yield Ferry(http_port, grpc_port, metrics_port)
+        yield Ports(http_port, grpc_port, metrics_port)
     finally:
         stop_process(proc)
 
@@ -172,7 +163,7 @@ def _write_json(path: Path, content: dict) -> Path:
     return path
 
 
-def _run(ferry: Ferry, protocol: str, tmp_path: Path, *args: str) -> Run:
+def _run(ferry: Ports, protocol: str, tmp_path: Path, *args: str) -> Run:
     """perf_analyzer with ``args`` (``-f`` always; ``--profile-export-file`` is ``tmp_path / "export.json"``
     where a mode asks for it), which must exit 0."""
     binary, env = perf_analyzer_cmd()
@@ -201,20 +192,20 @@ def _composing(run: Run, model: str) -> None:
 # --- the modes -------------------------------------------------------------------------------------------
 
 
-def request_rate_poisson(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def request_rate_poisson(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     run = _run(ferry, protocol, tmp_path, "-m", "double_py", "--request-rate-range", "200",
                "--request-distribution", "poisson")
     assert "Request Rate: 200" in run.output
     assert 120 < _throughput(run) < 280, run.rows()
 
 
-def async_concurrency(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def async_concurrency(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     run = _run(ferry, protocol, tmp_path, "-m", "double_py", "--async", "--concurrency-range", "4")
     assert "Using asynchronous calls for inference" in run.output
     assert _throughput(run) > 0 and "Server:" in run.output
 
 
-def sequences_validated(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def sequences_validated(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     """Two equal-length streams of steps (perf_analyzer mis-indexes the expected outputs of unequal ones),
     three sequences at a time on ids 100..199; perf_analyzer checks every answer, so a START flag lost or sent
     on the wrong request fails the run."""
@@ -231,13 +222,13 @@ def sequences_validated(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
     assert sequences > 0 and 2.8 < requests / sequences < 3.2, run.output[-2000:]
 
 
-def serial_sequences(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def serial_sequences(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     run = _run(ferry, protocol, tmp_path, "-m", "seq_py", "--serial-sequences", "--sequence-length", "4",
                "--concurrency-range", "2", "--async")
     assert int(run.output.split("Sequence count:")[1].split()[0]) > 0, run.output[-2000:]
 
 
-def decoupled_streaming(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def decoupled_streaming(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     """stream_py sends four responses and then the final flag alone: perf_analyzer (which asks for empty final
     responses) records five per request and counts four times as many responses as requests."""
     run = _run(ferry, protocol, tmp_path, "-m", "stream_py", "--streaming", "--concurrency-range", "2",
@@ -249,14 +240,14 @@ def decoupled_streaming(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
     assert 3.5 * rate < responses < 4.5 * rate, run.output[-2000:]
 
 
-def periodic_concurrency(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def periodic_concurrency(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     run = _run(ferry, protocol, tmp_path, "-m", "stream_py", "--streaming", "--periodic-concurrency-range",
                "1:3:1", "--request-period", "2", "--profile-export-file", str(tmp_path / "export.json"))
     requests = run.requests()
     assert len(requests) >= 3 and {len(r["response_timestamps"]) for r in requests} == {5}
 
 
-def streaming_non_decoupled(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def streaming_non_decoupled(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     data = _write_json(tmp_path / "double.json", {"data": [{"INPUT0": [k / 2 for k in range(16)]}],
                                                   "validation_data": [{"OUTPUT0": [float(k) for k in range(16)]}]})
     run = _run(ferry, protocol, tmp_path, "-m", "double_py", "--streaming", "--concurrency-range", "2",
@@ -264,14 +255,14 @@ def streaming_non_decoupled(ferry: Ferry, protocol: str, tmp_path: Path) -> None
     assert _throughput(run) > 0 and "Server:" in run.output
 
 
-def ensemble_validated(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def ensemble_validated(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     data = _write_json(tmp_path / "ens.json", {"data": [{"INPUT0": [k / 2 for k in range(16)]}],
                                                "validation_data": [{"OUTPUT0": [2.0 * k for k in range(16)]}]})
     run = _run(ferry, protocol, tmp_path, "-m", "double_ensemble", "--input-data", str(data))
     _composing(run, "double_py")
 
 
-def bls_composing_models(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def bls_composing_models(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     data = _write_json(tmp_path / "bls.json", {"data": [{"INPUT0": [k / 2 for k in range(16)]}],
                                                "validation_data": [{"OUTPUT0": [float(k) for k in range(16)]}]})
     run = _run(ferry, protocol, tmp_path, "-m", "bls_double_py", "--bls-composing-models", "double_py",
@@ -279,7 +270,7 @@ def bls_composing_models(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
     _composing(run, "double_py")
 
 
-def datatypes_batched(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def datatypes_batched(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     """Random BOOL/FP16/UINT64/INT16/FP64/BYTES and a variable-dims FP32 tensor (``--shape``), batch 2: every
     output that perf_analyzer recorded is the input it sent, twice (it sends one sample per batch element and
     records the first). A BYTES tensor is recorded as its serialized bytes less the first length prefix, so the
@@ -296,7 +287,7 @@ def datatypes_batched(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
         assert request["response_outputs"] == [expected], request
 
 
-def request_parameters(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def request_parameters(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     run = _run(ferry, protocol, tmp_path, "-m", "params_py", "--request-parameter", "max_tokens:5:int",
                "--request-parameter", "topic:ferry:string", "--request-parameter", "greedy:true:bool",
                "--profile-export-file", str(tmp_path / "export.json"))
@@ -304,11 +295,11 @@ def request_parameters(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
     assert json.loads(outputs["PARAMS"]) == {"max_tokens": 5, "topic": "ferry", "greedy": True}
 
 
-def metrics_and_verbose_csv(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def metrics_and_verbose_csv(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     """perf_analyzer scrapes Ferry's /metrics during the run (an unreachable or unparsable endpoint ends it) and
     writes its verbose CSV with the metric and percentile columns."""
     run = _run(ferry, protocol, tmp_path, "-m", "double_py", "--collect-metrics", "--metrics-url",
-               f"127.0.0.1:{ferry.metrics_port}/metrics", "--metrics-interval", "100", "--percentile=95",
+               f"127.0.0.1:{ferry.metrics}/metrics", "--metrics-interval", "100", "--percentile=95",
                "--verbose-csv", "--concurrency-range", "1:2")
     assert "Server Prometheus Metrics:" in run.output
     rows = run.rows()
@@ -317,7 +308,7 @@ def metrics_and_verbose_csv(ferry: Ferry, protocol: str, tmp_path: Path) -> None
     assert all(float(row["Inferences/Second"]) > 0 and float(row["Server Compute Infer"]) > 0 for row in rows)
 
 
-def response_cache(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
+def response_cache(ferry: Ports, protocol: str, tmp_path: Path) -> None:
     """The same zero input every time: perf_analyzer's cache breakdown (shown for a model whose config enables
     the response cache) counts the first requests as misses and the rest as hits. A batch size of its own per
     protocol, so that each run starts with a key not in the cache yet."""
@@ -332,7 +323,7 @@ def response_cache(ferry: Ferry, protocol: str, tmp_path: Path) -> None:
     assert "Average Cache Hit Latency:" in server and "Average Cache Miss Latency:" in server, server
 
 
-MODES: list[tuple[Callable[[Ferry, str, Path], None], tuple[str, ...]]] = [
+MODES: list[tuple[Callable[[Ports, str, Path], None], tuple[str, ...]]] = [
     (request_rate_poisson, ("http", "grpc")),
     (async_concurrency, ("http",)),
     (sequences_validated, ("http", "grpc")),
@@ -351,6 +342,6 @@ MODES: list[tuple[Callable[[Ferry, str, Path], None], tuple[str, ...]]] = [
 
 @pytest.mark.parametrize("mode, protocol", [pytest.param(mode, protocol, id=f"{mode.__name__}-{protocol}")
                                             for mode, protocols in MODES for protocol in protocols])
-def test_perf_analyzer_mode(ferry: Ferry, mode: Callable[[Ferry, str, Path], None], protocol: str,
+def test_perf_analyzer_mode(ferry: Ports, mode: Callable[[Ports, str, Path], None], protocol: str,
                             tmp_path: Path) -> None:
     mode(ferry, protocol, tmp_path)
