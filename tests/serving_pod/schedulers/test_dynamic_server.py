@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -90,6 +91,18 @@ async def test_queue_full_and_priority_over_http(tmp_path: Path, server_factory)
         max_batch=1,
     )
     handle = await server_factory([tmp_path])
+    # the first execution lasts until the refusal is in: with only SLOW_MS, a host busy enough to take that long
+    # between the first request and the fifth let the queue drain and the fifth in (the first execution always
+    # runs on the instance's thread, so waiting there holds no event loop)
+    instance = handle.engine.registry.get("prio").pool.instances[0]
+    gate, execute = threading.Event(), instance._execute
+
+    def gated(requests: list) -> list:
+        if not instance.executions:
+            gate.wait(30)
+        return execute(requests)
+
+    instance._execute = gated
     pool = ThreadPoolExecutor(max_workers=5)
     loop = asyncio.get_running_loop()
     done: list[float] = []
@@ -109,6 +122,8 @@ async def test_queue_full_and_priority_over_http(tmp_path: Path, server_factory)
     await wait_pending(handle, "prio", 3)
     full = await loop.run_in_executor(pool, infer, handle, "http", "prio", 4.0)  # level 2 holds 2 already
     assert "Exceeds maximum queue size" in str(full)
+    assert not first.done(), "the first execution ended before the refusal"
+    gate.set()
     await asyncio.gather(first, low, high, low2)
     pool.shutdown()
     assert done == [0.0, 2.0, 1.0, 3.0]
