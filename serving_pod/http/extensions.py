@@ -21,6 +21,8 @@ from serving_pod.shm import CUDA, SYSTEM
 
 #: the trace settings tritonserver reads as JSON strings only (a number is refused, not read as one)
 _TRACE_STRINGS = ("trace_rate", "trace_count", "log_frequency")
+#: sizeof(cudaIpcMemHandle_t)
+CUDA_IPC_HANDLE_BYTES = 64
 
 
 def _trace_changes(body: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +47,26 @@ def _uint(body: dict[str, Any], key: str, *, required: bool, what: str) -> int:
     return value
 
 
+def _require_region(region: str, kind: str) -> None:
+    """tritonserver's first check of a register request, made before its body is read: a malformed body without a
+    region name gets this 400 too (Ferry named the body's fault, or a missing 'key')."""
+    if not region:
+        raise InvalidArgumentError(f"'region name' is necessary to register {kind} shared memory region")
+
+
+def _ipc_handle(text: str) -> bytes:
+    """The ``raw_handle`` of a CUDA register request: base64 of a ``cudaIpcMemHandle_t``. Text that is not base64, or
+    decodes to another size, gets tritonserver's 400 before any CUDA call (Ferry answered a handle of the wrong size
+    with 501 where no CUDA device is visible, and worded bad base64 its own way)."""
+    try:
+        raw = decode_base64(text, "'raw_handle'")
+    except InvalidArgumentError:
+        raw = b""
+    if len(raw) != CUDA_IPC_HANDLE_BYTES:
+        raise InvalidArgumentError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+    return raw
+
+
 def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     """System/CUDA shared memory, trace setting and logging routes."""
     shm = engine.shm
@@ -59,6 +81,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/systemsharedmemory/region/{region}/register")
     async def system_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
+        _require_region(region, "system")
         body = await json_body(request)
         key = body.get("key")
         if key is None:
@@ -85,14 +108,16 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/cudasharedmemory/region/{region}/register")
     async def cuda_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
+        _require_region(region, "cuda")
         body = await json_body(request)
-        handle = body.get("raw_handle")
+        if "raw_handle" not in body:
+            raise InvalidArgumentError("Shared memory register request has no 'raw_handle' field")  # Triton's words
+        handle = body["raw_handle"]
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
             raise InvalidArgumentError("CUDA shared memory register request has no 'raw_handle' {'b64': ...} field")
-        raw = decode_base64(handle["b64"], "CUDA shared memory register request: 'raw_handle'")
         device_id = _uint(body, "device_id", required=True, what="CUDA shared memory")
         byte_size = _uint(body, "byte_size", required=True, what="CUDA shared memory")
-        shm.register_cuda(region, raw, device_id, byte_size)
+        shm.register_cuda(region, _ipc_handle(handle["b64"]), device_id, byte_size)
         return json_ok()
 
     @app.post("/v2/cudasharedmemory/unregister")

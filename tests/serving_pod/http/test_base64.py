@@ -74,4 +74,4 @@ def test_cuda_registration_reads_a_wrapped_handle(threaded_server, tmp_path) -> 
     body["raw_handle"]["b64"] = "@" + body["raw_handle"]["b64"]
     bad = httpx.post(url, json=body, timeout=30)
     assert bad.status_code == 400
-    assert bad.json() == {"error": "CUDA shared memory register request: 'raw_handle' is not valid base64"}
+    assert bad.json() == {"error": "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"}  # Triton's

@@ -14,6 +14,7 @@ and so do errors of the model's execution (sent from Triton's response callback)
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import re
@@ -387,6 +388,28 @@ CASES: dict[str, tuple[Case, Answer]] = {
                               _typed(501, "'repository_name' specification is not supported")),
     "named repository unload": (Case("POST", "/v2/repository/any/models/add_sub/unload"),
                                 _typed(501, "'repository_name' specification is not supported")),
+    # shared memory registration (the servers allow client shared memory, as Triton 2.51 always does): a request
+    # without a region name is refused before its body is read (Ferry named the body's fault or a missing 'key')
+    "system shm register without a region, body not JSON": (Case("POST", "/v2/systemsharedmemory/register", b"{"),
+        _typed(400, "'region name' is necessary to register system shared memory region")),
+    "system shm register without a region, empty body": (Case("POST", "/v2/systemsharedmemory/register"),
+        _typed(400, "'region name' is necessary to register system shared memory region")),
+    "cuda shm register without a region, body not JSON": (Case("POST", "/v2/cudasharedmemory/register", b"{"),
+        _typed(400, "'region name' is necessary to register cuda shared memory region")),
+    # a CUDA handle: Triton's words when it is missing, not base64 or not the size of a cudaIpcMemHandle_t, all
+    # before any CUDA call (Ferry: "CUDA shared memory register request has no 'raw_handle' {'b64': ...} field",
+    # "... 'raw_handle' is not valid base64", and 501 for a 1-byte handle where no CUDA device is visible)
+    "cuda shm register without a handle": (Case("POST", "/v2/cudasharedmemory/region/r/register", _json(
+        {"device_id": 0, "byte_size": 16})), _typed(400, "Shared memory register request has no 'raw_handle' field")),
+    "cuda shm register, handle not base64": (Case("POST", "/v2/cudasharedmemory/region/r/register", _json(
+        {"raw_handle": {"b64": "!!"}, "device_id": 0, "byte_size": 16})),
+        _typed(400, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")),
+    "cuda shm register, handle of one byte": (Case("POST", "/v2/cudasharedmemory/region/r/register", _json(
+        {"raw_handle": {"b64": "YQ=="}, "device_id": 0, "byte_size": 16})),
+        _typed(400, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")),
+    "cuda shm register, handle of 65 bytes": (Case("POST", "/v2/cudasharedmemory/region/r/register", _json(
+        {"raw_handle": {"b64": base64.b64encode(bytes(65)).decode()}, "device_id": 0, "byte_size": 16})),
+        _typed(400, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")),
 }
 
 
@@ -459,7 +482,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ferry_port(repository: Path):
-    thread = ServerThread(make_options([repository], model_control_mode="explicit", load_models=MODELS))
+    thread = ServerThread(make_options([repository], model_control_mode="explicit", load_models=MODELS,
+                                       allow_client_shm=True))  # as Triton 2.51, which has no switch
     handle = thread.start()
     yield handle.server.http_port
     thread.stop()
@@ -483,7 +507,7 @@ def test_http_workers_answer_as_triton(repository: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "serving_pod", f"--model-repository={repository}", f"--http-port={http}",
          f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-         "--metrics-address=127.0.0.1", "--http-workers=2", "--model-control-mode=explicit",
+         "--metrics-address=127.0.0.1", "--http-workers=2", "--model-control-mode=explicit", "--allow-client-shm=true",
          *(f"--load-model={model}" for model in MODELS)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
