@@ -134,6 +134,8 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/trace/setting")
     @app.post("/v2/models/{model}/trace/setting")
     async def trace_post(request: Request, model: str = "") -> Response:
+        if model:  # tritonserver refuses an unknown model before it reads the body (Ferry named the body's fault)
+            engine.trace_settings(model)
         return json_response(engine.trace_settings(model, _trace_changes(await json_body(request))))
 
     @app.get("/v2/logging")

@@ -170,6 +170,14 @@ CASES: dict[str, tuple[Case, Answer]] = {
     "version that is not a number": (Case("GET", "/v2/models/add_sub/versions/abc"), NOT_FOUND),
     "infer, version not a number": (Case("POST", "/v2/models/add_sub/versions/abc/infer", _inputs()), NOT_FOUND),
     "trace setting of a version": (Case("GET", "/v2/models/add_sub/versions/1/trace/setting"), NOT_FOUND),
+    # an unknown model's trace setting: refused before the body is read (Ferry named the body's fault first)
+    "trace setting of an unknown model, body not JSON": (Case("POST", "/v2/models/nope/trace/setting", b"{"),
+                                                         _typed(400, "Request for unknown model : nope")),
+    "trace setting of an unknown model, body not an object": (Case("POST", "/v2/models/nope/trace/setting", b"[]"),
+                                                              _typed(400, "Request for unknown model : nope")),
+    "trace setting of an unknown model, a rate that is a number": (Case(
+        "POST", "/v2/models/nope/trace/setting", _json({"trace_rate": 5})),
+        _typed(400, "Request for unknown model : nope")),
     "unknown model control action": (Case("POST", "/v2/repository/models/add_sub/bogus"), NOT_FOUND),
     # inference: text/plain for what Triton finds before parsing the body, application/json after
     "infer by GET": (Case("GET", "/v2/models/add_sub/infer"), NOT_ALLOWED_TEXT),
