@@ -155,7 +155,8 @@ class GrpcConnection:
                 elif key == b"content-type":
                     content_type = value
                 elif key == b"grpc-timeout":
-                    deadline = time.monotonic() + parse_timeout(value)
+                    timeout = parse_timeout(value)
+                    deadline = None if timeout is None else time.monotonic() + timeout
                 elif key == b"grpc-encoding":
                     encoding = value
                 elif key == b"grpc-accept-encoding":

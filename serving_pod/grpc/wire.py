@@ -8,6 +8,7 @@ and ``RpcError``, the status an RPC ends with. Nothing here holds connection sta
 from __future__ import annotations
 
 import base64
+import re
 import urllib.parse
 import zlib
 from typing import Any
@@ -19,6 +20,9 @@ from serving_pod.inflate import CORRUPT, TOO_LARGE, WBITS, InflateError, inflate
 
 PREFIX_OK = b"\x00"
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_TIMEOUT = re.compile(rb" *([0-9]+) *([HMSmun]) *")
+#: gRPC core reads a larger ``grpc-timeout`` amount as no deadline
+MAX_TIMEOUT_AMOUNT = 1_000_000_000
 #: request headers that are gRPC's own, not the call's metadata
 RESERVED = {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
 ACCEPT_ENCODING = b"identity,deflate,gzip"
@@ -129,12 +133,18 @@ def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
         raise RpcError(grpc.StatusCode.INTERNAL, f"Failed to decompress the message: {detail}") from None
 
 
-def parse_timeout(value: bytes) -> float:
-    """Seconds of a ``grpc-timeout`` header value (INTERNAL when malformed)."""
-    unit = _TIMEOUT_UNITS.get(value[-1:])
-    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+def parse_timeout(value: bytes) -> float | None:
+    """Seconds of a ``grpc-timeout`` header value; None: no deadline. INTERNAL when malformed.
+
+    Read as gRPC core (so tritonserver and the grpcio front end) reads it, not as strictly as the spec's
+    "at most 8 digits": any number of digits, spaces around the number and the unit, and an amount above
+    1,000,000,000 units meaning no deadline at all.
+    """
+    match = _TIMEOUT.fullmatch(value)
+    if match is None:
         raise RpcError(grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout '{value.decode('latin-1')}'")
-    return int(value[:-1]) * unit
+    amount = int(match[1])
+    return None if amount > MAX_TIMEOUT_AMOUNT else amount * _TIMEOUT_UNITS[match[2]]
 
 
 def metadata_value(key: bytes, value: bytes) -> tuple[str, Any]:

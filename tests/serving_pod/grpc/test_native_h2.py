@@ -358,12 +358,22 @@ def test_server_enforces_grpc_timeout(server, raw):
     assert_raw_serving(client)
 
 
-@pytest.mark.parametrize("value", [b"1x", b"S", b"-1S", b"123456789S", b"1.5S"])
+@pytest.mark.parametrize("value", [b"1x", b"S", b"-1S", b"1.5S", b"", b"5"])
 def test_malformed_grpc_timeout_internal(server, raw, value):
     client = raw(server)
     reply = client.call(grpc_frame(infer_request()), extra=((b"grpc-timeout", value),))
     assert (reply.status, reply.message) == (13, f"Invalid grpc-timeout '{value.decode()}'")
     assert_raw_serving(client)
+
+
+@pytest.mark.parametrize("value", [b"123456789S", b"99999999999999999999H", b"1000000001n"])
+def test_grpc_timeout_beyond_eight_digits_served(front_end, raw, value):
+    """More digits than the spec's 8 are read as gRPC core (tritonserver 2.51 and the grpcio front end) reads
+    them: the request is served (an amount above 1,000,000,000 units is no deadline at all), not INTERNAL."""
+    client = raw(front_end)
+    reply = client.call(grpc_frame(infer_request(values=(2, 4, 6, 8))), extra=((b"grpc-timeout", value),))
+    assert reply.status == 0, reply.message
+    assert reply.infer_output() == [2, 4, 6, 8]
 
 
 def test_invalid_binary_metadata_internal(server, raw, caplog):
