@@ -33,9 +33,12 @@ from serving_pod.http.responses import JsonFollowedByBytes, before_parsing, pars
 
 def decode_base64(text: str, what: str) -> bytes:
     """Base64 text as Triton's libb64 reads it: line breaks and spaces skipped (the C++ clients, perf_analyzer
-    among them, write a newline every 72 characters); anything else outside the alphabet is refused."""
+    among them, write a newline every 72 characters) and the final ``=`` padding optional (libb64 decodes the last
+    two or three characters without it, as unpadded encoders write them: Go's ``RawStdEncoding``, JavaScript's
+    base64url helpers); anything else outside the alphabet is refused, and so is one character left over."""
+    compact = "".join(text.split())
     try:
-        return base64.b64decode("".join(text.split()), validate=True)
+        return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidArgumentError(f"{what} is not valid base64") from None
 
