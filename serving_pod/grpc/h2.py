@@ -119,7 +119,12 @@ class H2Connection(asyncio.Protocol):
         self._blocks = hpack_blocks.HeaderBlocks(max_header_list_size)
         self._max_header_list_size = max_header_list_size
         self._last_stream = 0
-        self._headers_in_progress: tuple[int, int, bytearray] | None = None  # stream id, flags, block
+        self._goaway_last_stream: int | None = None  # as the GOAWAY sent said: a later one may not name more
+        # stream id, flags, block so far (None: over the hard limit, its CONTINUATIONs dropped until END_HEADERS)
+        self._headers_in_progress: tuple[int, int, bytearray | None] | None = None
+        # a header block was given up mid-way: the HPACK table is out of step with the client's, so no block is
+        # decoded again; the connection goes away once its open streams finish (``_header_list_beyond_limit``)
+        self._table_lost = False
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.peer_initial_window = DEFAULT_WINDOW
         self.conn_send_window = DEFAULT_WINDOW
@@ -321,18 +326,33 @@ class H2Connection(asyncio.Protocol):
         progress = self._headers_in_progress
         if progress is None or progress[0] != stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "unexpected CONTINUATION")
-        progress[2].extend(payload)
-        if len(progress[2]) > 4 * self._max_header_list_size + 65536:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
+        block = progress[2]
+        if block is not None:
+            block.extend(payload)
+            if len(block) > 4 * self._max_header_list_size + 65536:
+                block = None  # not kept: the rest of the block is dropped as it comes
+                self._headers_in_progress = (stream_id, progress[1], None)
         if flags & FLAG_END_HEADERS:
             self._headers_in_progress = None
-            self._header_block(stream_id, progress[1], bytes(progress[2]))
+            self._header_block(stream_id, progress[1], None if block is None else bytes(block))
 
-    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        try:
-            headers = self._blocks.decode(block)
-        except hpack_blocks.BlockError as error:
-            raise ConnectionError_(error.code, str(error)) from None
+    def _header_block(self, stream_id: int, flags: int, block: bytes | None) -> None:
+        """A whole header block (``None``: one too large to keep, already dropped)."""
+        lost_now = False
+        headers: list[tuple[bytes, bytes]] | None = None
+        if block is None:
+            lost_now = not self._table_lost
+        elif not self._table_lost:  # once lost, never decoded: trailers need no fields, new streams are refused
+            try:
+                headers = self._blocks.decode(block)
+            except hpack_blocks.BlockError as error:
+                if error.code != ENHANCE_YOUR_CALM:
+                    raise ConnectionError_(error.code, str(error)) from None
+                lost_now = True
+        if lost_now:
+            self._table_lost = True
+            self._header_list_beyond_limit(stream_id, flags)
+            return
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
@@ -351,11 +371,36 @@ class H2Connection(asyncio.Protocol):
         self._last_stream = stream_id
         stream = Stream(stream_id, self.peer_initial_window)
         stream.remote_closed = end_stream
-        if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
+        if self._going_away or self._table_lost or len(self.streams) >= MAX_CONCURRENT_STREAMS:
             self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         self.streams[stream_id] = stream
         self.handler.stream_started(stream, headers, end_stream)  # type: ignore[arg-type, union-attr]
+
+    def _header_list_beyond_limit(self, stream_id: int, flags: int) -> None:
+        """A header block past the hard limit (an HPACK bomb, or a field list far over the advertised size),
+        given up mid-way: the HPACK table is lost. Its stream, if new, is refused as an oversized one is
+        (RESOURCE_EXHAUSTED, as tritonserver's gRPC core answers it); then GOAWAY ENHANCE_YOUR_CALM, and the
+        calls already open finish before the connection closes (their DATA needs no HPACK)."""
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers of an open call: its request ends here
+            if not stream.remote_closed:
+                stream.remote_closed = True
+                self.handler.stream_data(stream, b"", True)  # type: ignore[union-attr]
+                self._maybe_forget(stream)
+        elif stream_id % 2 == 0:
+            raise ConnectionError_(PROTOCOL_ERROR, f"stream {stream_id} cannot be opened by a client")
+        elif stream_id > self._last_stream:
+            self._last_stream = stream_id
+            stream = Stream(stream_id, self.peer_initial_window)
+            stream.remote_closed = bool(flags & FLAG_END_STREAM)
+            if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
+                self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
+            else:
+                self.streams[stream_id] = stream
+                self.handler.stream_started(stream, None, stream.remote_closed)  # type: ignore[union-attr]
+        log.debug("HTTP/2 connection from %s: header list beyond the hard limit; going away", self.peer)
+        self.goaway(b"header list beyond the hard limit", code=ENHANCE_YOUR_CALM)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -491,12 +536,14 @@ class H2Connection(asyncio.Protocol):
     def send_ping(self, payload: bytes) -> None:
         self._write(frame(PING, 0, 0, payload))
 
-    def goaway(self, debug: bytes = b"") -> None:
-        """Graceful close: no new streams, close once the open ones finish (``debug``: GOAWAY's debug data)."""
+    def goaway(self, debug: bytes = b"", *, code: int = NO_ERROR) -> None:
+        """Graceful close: no new streams, close once the open ones finish (``debug``: GOAWAY's debug data,
+        ``code``: its error code)."""
         if self.closed or self._goaway_sent:
             return
         self._going_away = self._goaway_sent = True
-        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(NO_ERROR) + debug))
+        self._goaway_last_stream = self._last_stream
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(code) + debug))
         if not self.streams and self.transport is not None:
             self.transport.close()
 
@@ -519,7 +566,8 @@ class H2Connection(asyncio.Protocol):
             return
         if code != NO_ERROR:
             log.debug("closing HTTP/2 connection from %s: %s", self.peer, message)
-        self._write(frame(GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(code) + message.encode()[:256]))
+        last = self._last_stream if self._goaway_last_stream is None else self._goaway_last_stream
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(last) + _U32.pack(code) + message.encode()[:256]))
         self.closed = True
         if self.transport is not None:
             self.transport.close()

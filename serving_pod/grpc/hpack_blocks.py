@@ -45,7 +45,8 @@ class HeaderBlocks:
         self.max_header_list_size = max_header_list_size
         self._decoder = hpack.Decoder()
         # blocks over the advertised limit are still decoded whole (the HPACK table must stay in step with the
-        # client's encoder) and the stream refused; only past this hard limit is the connection given up
+        # client's encoder) and the stream refused; past this hard limit the table is lost, and the connection
+        # goes away once its open calls finish (``h2.H2Connection._header_list_beyond_limit``)
         self._decoder.max_header_list_size = 4 * max_header_list_size + 65536
         self.cache: dict[bytes, list[tuple[bytes, bytes]] | None] = {}
 
@@ -61,7 +62,7 @@ class HeaderBlocks:
         try:
             decoded: list[tuple[bytes, bytes]] = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
         except hpack.OversizedHeaderListError:
-            # decoding stopped mid-block: the table is out of step with the client's, the connection unusable
+            # decoding stopped mid-block: the table is out of step with the client's, no block can be decoded again
             raise BlockError(ENHANCE_YOUR_CALM, "header list beyond the hard limit") from None
         except hpack.HPACKError as error:
             raise BlockError(COMPRESSION_ERROR, f"header block: {error}") from None
