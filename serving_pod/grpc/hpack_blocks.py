@@ -7,12 +7,15 @@ one per connection). The server's blocks are literals without indexing and witho
 
 from __future__ import annotations
 
+import re
+
 import hpack
 
 COMPRESSION_ERROR = 0x9
 ENHANCE_YOUR_CALM = 0xB
 #: decoded header blocks kept per connection (one per distinct repeated call shape)
 BLOCK_CACHE_SIZE = 64
+_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 class BlockError(Exception):
@@ -65,7 +68,8 @@ class HeaderBlocks:
             # decoding stopped mid-block: the table is out of step with the client's, no block can be decoded again
             raise BlockError(ENHANCE_YOUR_CALM, "header list beyond the hard limit") from None
         except hpack.HPACKError as error:
-            raise BlockError(COMPRESSION_ERROR, f"header block: {error}") from None
+            # hpack's words may name the buffer (``from <memory at 0x...>``): an address is no client's business
+            raise BlockError(COMPRESSION_ERROR, "header block: " + _REPR.sub("the block", str(error))) from None
         headers: list[tuple[bytes, bytes]] | None = decoded
         if sum(32 + len(name) + len(value) for name, value in decoded) > self.max_header_list_size:
             headers = None  # refused by the layer above; the connection goes on

@@ -608,6 +608,17 @@ REQUEST_HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", INFE
 OVERSIZED = (b"8", f"Header list larger than {SMALL_LIMIT} bytes".encode())
 
 
+def test_undecodable_header_block_goaway_compression_error(server, raw):
+    # an HPACK integer that never ends: GOAWAY COMPRESSION_ERROR (a connection error, RFC 9113 4.3), its debug
+    # data hpack's words without the address of the server's buffer
+    client = raw(server)
+    client.sock.sendall(_frame(0x1, 0x5, 1, b"\xff\xff\xff\xff\xff"))
+    frames = _frames_until_closed(client)
+    assert frames["goaway"] == [
+        (0x9, 0, b"header block: Unable to decode HPACK integer representation from the block")]
+    assert_serving(server)
+
+
 @pytest.mark.parametrize("how", ["bomb", "continuations"])
 def test_header_list_beyond_hard_limit_refused_then_goaway(small, raw, how):
     # decoding stops mid-block past the hard limit (or the block is not kept whole), so the HPACK table is out
