@@ -259,8 +259,10 @@ class H2Connection(asyncio.Protocol):
             if flags & FLAG_ACK:
                 if self.pings is not None:
                     self.pings.acknowledged(payload)
-            elif self.pings is None or self.pings.allowed():
+            else:  # answered before it is weighed, as gRPC core (tritonserver) does: the one past the strikes too
                 self._write(frame(PING, FLAG_ACK, 0, payload))
+                if self.pings is not None:
+                    self.pings.allowed()  # False: the connection was closed for it
         elif kind == RST_STREAM:
             if len(payload) != 4 or not stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "bad RST_STREAM")

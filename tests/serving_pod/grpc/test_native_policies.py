@@ -131,7 +131,9 @@ def test_too_many_pings_without_data_get_goaway_enhance_your_calm(repository):
         assert terminated.error_code == 0xB  # ENHANCE_YOUR_CALM
         assert terminated.additional_data == b"too_many_pings"
         acks = [e for e in client.events if isinstance(e, h2.events.PingAckReceived)]
-        assert len(acks) == 3  # the first ping and two strikes are answered, the third strike is not
+        # every ping up to the third strike is answered, that one too (tritonserver 2.51, recorded: 4 of 5 pings
+        # 10 ms apart answered, then GOAWAY); the pings after it find the connection closed
+        assert len(acks) == 4
         assert RawClient(handle.server.grpc_port).call(grpc_frame(infer_request())).status == 0
 
 
