@@ -7,6 +7,20 @@ oversized header lists and graceful stop. Call-level cases use real clients (``t
 twin and plain ``grpc`` channels): unknown methods, gzip, deadlines, large tensors both ways, 200 concurrent
 streams on one connection, and a parity subset that must answer identically on the native and grpcio front
 ends. Every error case then proves the server still serves a good request.
+
+Where tritonserver 2.51 (gRPC core) answers otherwise on purpose here (a side-by-side sweep, recorded live):
+a unary call with 0 or 2 messages (Triton: INTERNAL 'Unable to parse request', or the first message served;
+here UNIMPLEMENTED, doc/statuscodes.md); a compressed flag without grpc-encoding (Triton reads the message as
+uncompressed; here INTERNAL); an unsupported grpc-encoding or a malformed grpc-timeout (Triton: RST_STREAM
+INTERNAL_ERROR, no status; here UNIMPLEMENTED with grpc-accept-encoding, or INTERNAL); GET or a non-gRPC
+content-type (Triton: UNKNOWN 'Bad method header', RST_STREAM; here HTTP 405/415); no content-type, te or
+:authority (Triton: served, UNKNOWN 'Missing :te header', UNKNOWN 'Missing :authority header'; here 415, served,
+served); streams past MAX_CONCURRENT_STREAMS (Triton advertises no limit; here REFUSED_STREAM); header lists
+over the advertised size (the same RESOURCE_EXHAUSTED, Triton's limit is 16 KiB and its words name the field);
+frame-level protocol errors Triton ignores or answers by closing without GOAWAY (DATA on stream 0, a PING on a
+stream, a bad preface, PUSH_PROMISE: here GOAWAY with the RFC 9113 error code); a client's GOAWAY (Triton goes
+on taking streams; here the open ones finish and the connection closes); a client ignoring flow control
+(Triton: RST_STREAM; here its data is read as it comes, up to the message size limit).
 """
 
 from __future__ import annotations

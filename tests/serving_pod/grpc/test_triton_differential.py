@@ -17,7 +17,14 @@ input's shape (Triton's core reports it as a shape or batch-size mismatch, Ferry
 a trace or log setting Triton takes without a word though it changes nothing or wraps (an unknown key, trace level
 'FOO', trace_rate '-1' read as 4294967295, trace_count '1.5' as 1: Ferry refuses them); a CUDA shared memory
 region where no GPU is (Triton: INVALID_ARGUMENT 'invalid args', Ferry: UNIMPLEMENTED with the reason). System
-shared memory keys: ``tests/serving_pod/protocol/test_shared_memory_triton.py``.
+shared memory keys: ``tests/serving_pod/protocol/test_shared_memory_triton.py``. Model control (a side-by-side
+sweep, recorded live): a config override that does not parse is INTERNAL 'failed to poll from model repository'
+on both, Ferry adding the reason after a colon; a file override at an absolute path and a model named '..'
+are refused while polling (INTERNAL) where Triton goes on and fails later (INVALID_ARGUMENT, for '..' after
+reading the repository's parent as a model); a reload of a READY model whose file override fails to load is
+INVALID_ARGUMENT with the reason where Triton says OK (both keep the old version serving); a model name with
+a NUL byte is quoted whole where Triton cuts it at the NUL; ServerReady right after an unload is true where
+Triton says false while its stub process stops.
 """
 
 from __future__ import annotations
