@@ -16,13 +16,22 @@ connection's requests whose headers were accepted and whose answers are not writ
 
 A request that arrives in one read (the common case) never arms a timer, so the hot path pays
 only two attribute writes. Body size is bounded separately by ``--http-max-input-size``.
+
+Upgrade requests (``Connection: upgrade`` with an ``Upgrade`` header; ``curl --http2`` sends ``Upgrade: h2c`` on
+every plain-HTTP request) are served as the HTTP/1.1 requests they also are, as tritonserver serves them: no
+other protocol is spoken here. httptools tells llhttp to skip such a request's body and stops parsing after its
+head, so uvicorn answered it with an empty body (an infer request: 400; a load: its parameters lost) or, for
+``Upgrade: websocket``, handed the connection to a WebSocket protocol with no route (403, or no answer to a
+POST). The head is held instead (``_replay``) and fed again without its ``upgrade`` header, the bytes after
+it following, so the request is read and answered like any other (``_serve_as_http``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 
@@ -32,8 +41,24 @@ def _error(status: int, reason: bytes) -> bytes:
             % (status, reason, len(reason), reason))
 
 
+class _Head(NamedTuple):
+    """An upgrade request's head as the parser read it, to be fed again without the upgrade (module docstring)."""
+
+    method: bytes
+    url: bytes
+    http_version: str
+    headers: list[tuple[bytes, bytes]]
+
+    def without_upgrade(self) -> bytes:
+        """The head's bytes less its ``upgrade`` header: llhttp then reads a plain request (and its body)."""
+        lines = [b"%s %s HTTP/%s\r\n" % (self.method, self.url, self.http_version.encode())]
+        lines += [b"%s: %s\r\n" % (name, value) for name, value in self.headers if name != b"upgrade"]
+        return b"".join(lines) + b"\r\n"
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """httptools protocol with header-size and read-deadline limits (class attributes)."""
+    """httptools protocol with header-size and read-deadline limits (class attributes), serving upgrade requests as
+    plain HTTP/1.1 (module docstring)."""
 
     max_header_bytes: int = 64 * 1024
     read_timeout_s: float = 60.0
@@ -51,6 +76,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._begun = False  # the current message's headers were accepted (it is counted in ``_unanswered``)
         #: an error answer waiting for the answers before it (module docstring); input is ignored meanwhile
         self._final: bytes | None = None
+        #: the head of an upgrade request whose body the parser skips, to be fed again (module docstring)
+        self._replay: _Head | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -70,12 +97,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._in_headers or not self._mid_message:
             self._header_bytes += len(data)
-        super().data_received(data)
+        self._feed(data)
         if self._in_headers and self._header_bytes > self.max_header_bytes:
             self._close_with(_error(431, b"Request Header Fields Too Large"))
             return
         if self._mid_message and self._deadline is None and not self.transport.is_closing():
             self._arm()
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, with upgrade requests served as plain HTTP/1.1 (module docstring)."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as upgrade:
+            head, self._replay = self._replay, None
+            if head is None:  # CONNECT: uvicorn's warning; the bytes after its head are not read
+                self._unsupported_upgrade_warning()
+                return
+            self._feed(head.without_upgrade() + data[upgrade.args[0]:])
 
     def on_message_begin(self) -> None:
         self._mid_message = self._in_headers = True
@@ -95,6 +138,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._too_large = True
                 raise ValueError("request headers too large")  # httptools aborts the parse
         self._header_bytes = 0
+        parser = self.parser
+        if parser.should_upgrade() and parser.get_method() != b"CONNECT":
+            # the parser skips the body and stops: this head is fed again, without the upgrade (_feed)
+            self._replay = _Head(parser.get_method(), self.url, parser.get_http_version(), self.headers)
+            return
         self._unanswered += 1
         self._begun = True
         try:
@@ -141,6 +189,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     def on_message_complete(self) -> None:
+        if self._replay is not None:  # only the head of an upgrade request: it is read again (_feed)
+            return
         self.end_message()
         super().on_message_complete()
 

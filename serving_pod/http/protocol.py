@@ -254,8 +254,8 @@ class InferHttpProtocol(GuardedHttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         cycle = self.cycle
-        if type(cycle) is not InferCycle:
-            super().on_message_complete()  # the read deadline; uvicorn's flags on its cycle
+        if type(cycle) is not InferCycle or self._replay is not None:
+            super().on_message_complete()  # the read deadline; uvicorn's flags on its cycle; an upgrade's head
             return
         self.end_message()  # the read deadline (uvicorn's flags mean nothing to an InferCycle)
         if not cycle.response_complete:

@@ -170,6 +170,56 @@ def test_chunked_body_is_accepted(server):
     wire.close()
 
 
+#: what ``curl --http2`` sends with every plain-HTTP request, and a WebSocket handshake
+H2C = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"}
+WEBSOCKET = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+             "Sec-WebSocket-Version": "13"}
+
+
+@pytest.mark.parametrize("upgrade", [H2C, WEBSOCKET], ids=["h2c", "websocket"])
+@pytest.mark.parametrize("path", ["/v2/models/idt/infer", "/v2/models/id%74/infer"], ids=["direct", "asgi"])
+def test_an_upgrade_request_is_served_as_http_1_1_with_its_body(server, upgrade, path):
+    """An upgrade request is answered as tritonserver 2.51 answers it, as the plain request it also is (recorded
+    live): its body is read, and the connection goes on. httptools skipped the body of such a request, so Ferry
+    answered ``curl --http2 -d @body .../infer`` 400 "Raw request must only have 1 input ..." (an empty body),
+    and a POST with ``Upgrade: websocket`` went to a WebSocket protocol that never answered it."""
+    wire = Wire(_port(server))
+    for split in (False, True):  # the body in the head's read, then in a later one
+        request = _request(path, headers=upgrade)
+        if split:
+            wire.send(request[:-len(BODY)])
+            time.sleep(0.05)
+            wire.send(request[-len(BODY):])
+        else:
+            wire.send(request)
+        status, headers, body = wire.response()
+        assert (status, headers["content-type"], _outputs(body)) == (200, "application/json", [1, 2, 3, 4])
+    wire.send(_request("/v2/models/idt/infer") + _request(path, headers=upgrade))  # pipelined behind another
+    assert [_outputs(wire.response()[2]) for _ in range(2)] == [[1, 2, 3, 4]] * 2
+    wire.close()
+
+
+@pytest.mark.parametrize("upgrade", [H2C, WEBSOCKET], ids=["h2c", "websocket"])
+def test_a_get_with_an_upgrade_is_answered_and_the_connection_goes_on(server, upgrade):
+    """Triton answers 200 and reads the next request; Ferry answered a WebSocket handshake 403 and closed."""
+    wire = Wire(_port(server))
+    head = "".join(f"{name}: {value}\r\n" for name, value in upgrade.items()).encode()
+    wire.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n" + head + b"\r\n")
+    assert wire.response()[:1] == (200,)
+    wire.send(_request("/v2/models/idt/infer"))
+    status, _, body = wire.response()
+    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    wire.close()
+
+
+def test_connect_is_still_refused(server):
+    """CONNECT (an upgrade to llhttp) is not fed again: 400 and the connection closes, as before (Triton: 404)."""
+    wire = Wire(_port(server))
+    wire.send(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+    assert wire.response()[0] == 400 and wire.closed()
+    wire.close()
+
+
 def test_bad_length_header_gets_400_and_the_connection_goes_on(server):
     wire = Wire(_port(server))
     wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "abc"}))
