@@ -9,6 +9,10 @@ buffers forever. ``GuardedHttpToolsProtocol``, whose limits ``http.protocol.http
   ``read_timeout_s`` of its first byte, or that sends nothing within ``read_timeout_s`` of
   connecting. The app then sees ``http.disconnect`` and stops waiting for the body.
 
+A client that half-closes (``shutdown(SHUT_WR)`` after its requests, as ``nc -N`` and some scripts do) still
+gets the answers to the requests it sent whole, then the connection closes, as tritonserver answers them
+(``eof_received``); uvicorn let asyncio close the connection at once, and answers not yet written were lost.
+
 A request that cannot be read (400: bytes the parser refuses; 431) ends the connection, but the requests
 pipelined before it were read whole and are running: they are answered first, then the error, then the
 connection closes (uvicorn wrote the error at once and dropped their answers). ``_unanswered`` counts the
@@ -78,6 +82,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._final: bytes | None = None
         #: the head of an upgrade request whose body the parser skips, to be fed again (module docstring)
         self._replay: _Head | None = None
+        #: the client half-closed: the connection closes once its requests are answered (``eof_received``)
+        self._eof = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -87,6 +93,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self._abandon()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool:
+        """The client sends nothing more: keep the connection open to answer the requests it sent whole, then
+        close (``answered``); with none waiting, or one cut off mid-way (it can never complete), close now."""
+        if self._mid_message or self._unanswered <= 0:
+            return False
+        self._eof = True
+        return True
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._asgi_cycle = cycle
@@ -177,16 +191,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_response_complete()
 
     def answered(self) -> bool:
-        """Count one answer written; True when it was the last one a deferred error answer waited for, which
-        is then written and the connection closed (``on_response_complete`` overrides call this first)."""
+        """Count one answer written; True when it was the last one that a deferred error answer, or a client that
+        half-closed, waited for: the error is written and the connection closed (``on_response_complete``
+        overrides call this first)."""
         self._unanswered -= 1
-        if self._final is None or self._unanswered > 0:
+        if self._unanswered > 0:
             return False
-        final, self._final = self._final, None
-        if not self.transport.is_closing():
-            self.transport.write(final)
+        if self._final is not None:
+            final, self._final = self._final, None
+            if not self.transport.is_closing():
+                self.transport.write(final)
+                self.transport.close()
+            return True
+        if self._eof:
             self.transport.close()
-        return True
+            return True
+        return False
 
     def on_message_complete(self) -> None:
         if self._replay is not None:  # only the head of an upgrade request: it is read again (_feed)

@@ -220,6 +220,36 @@ def test_connect_is_still_refused(server):
     wire.close()
 
 
+@pytest.mark.parametrize("path", ["/v2/models/idt/infer", "/v2/models/id%74/infer"], ids=["direct", "asgi"])
+def test_requests_before_a_half_close_are_answered_then_the_connection_closes(server, path):
+    """A client that sends its requests and then ``shutdown(SHUT_WR)`` gets every answer, in order, then the
+    server's close, as from tritonserver 2.51 (recorded live). uvicorn let asyncio close the connection at the
+    client's FIN: answers not yet written were lost (one request: most often; two pipelined: the second)."""
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/slow/infer") + _request(path) + b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n")
+    wire.sock.shutdown(socket.SHUT_WR)
+    answers = [wire.response() for _ in range(3)]
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert [_outputs(body) for _, _, body in answers[:2]] == [[1, 2, 3, 4]] * 2
+    assert wire.closed()
+    wire.close()
+    wire = Wire(_port(server))  # one request alone
+    wire.send(_request(path))
+    wire.sock.shutdown(socket.SHUT_WR)
+    assert _outputs(wire.response()[2]) == [1, 2, 3, 4] and wire.closed()
+    wire.close()
+
+
+def test_a_half_close_mid_request_closes_at_once(server):
+    """A request whose body can never arrive is not answered: the connection closes at the FIN (as before)."""
+    wire = Wire(_port(server))
+    wire.send(_request("/v2/models/idt/infer")[:-5])
+    wire.sock.shutdown(socket.SHUT_WR)
+    assert wire.closed() and wire.buffer == b""
+    wire.close()
+    assert httpx.post(f"http://{server.http_url}/v2/models/idt/infer", content=BODY, timeout=10).status_code == 200
+
+
 def test_bad_length_header_gets_400_and_the_connection_goes_on(server):
     wire = Wire(_port(server))
     wire.send(_request("/v2/models/idt/infer", headers={"Inference-Header-Content-Length": "abc"}))
