@@ -27,7 +27,7 @@ other protocol is spoken here. httptools tells llhttp to skip such a request's b
 head, so uvicorn answered it with an empty body (an infer request: 400; a load: its parameters lost) or, for
 ``Upgrade: websocket``, handed the connection to a WebSocket protocol with no route (403, or no answer to a
 POST). The head is held instead (``_replay``) and fed again without its ``upgrade`` header, the bytes after
-it following, so the request is read and answered like any other (``_serve_as_http``).
+it following, so the request is read and answered like any other (``_feed``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class _Head(NamedTuple):
     def without_upgrade(self) -> bytes:
         """The head's bytes less its ``upgrade`` header: llhttp then reads a plain request (and its body)."""
         lines = [b"%s %s HTTP/%s\r\n" % (self.method, self.url, self.http_version.encode())]
-        lines += [b"%s: %s\r\n" % (name, value) for name, value in self.headers if name != b"upgrade"]
+        lines += [b"%s: %s\r\n" % (name, value) for name, value in self.headers if name.lower() != b"upgrade"]
         return b"".join(lines) + b"\r\n"
 
 
@@ -155,7 +155,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         parser = self.parser
         if parser.should_upgrade() and parser.get_method() != b"CONNECT":
             # the parser skips the body and stops: this head is fed again, without the upgrade (_feed)
-            self._replay = _Head(parser.get_method(), self.url, parser.get_http_version(), self.headers)
+            names = getattr(self, "header_names", None)  # as sent, where kept (``--http-header-forward-pattern``)
+            headers = self.headers if names is None else [(n, v) for n, (_, v) in zip(names, self.headers)]
+            self._replay = _Head(parser.get_method(), self.url, parser.get_http_version(), headers)
             return
         self._unanswered += 1
         self._begun = True

@@ -206,6 +206,16 @@ def test_http_headers_matching_the_pattern_become_parameters(threaded_server, ec
     assert _http_params(everything, path, {"Timeout": "5"})[1]["Timeout"] == "5"  # another name to Triton
 
 
+@pytest.mark.parametrize("path", ["/v2/models/echo/infer", "/v2/models/echo/infer?via=asgi"], ids=["direct", "asgi"])
+def test_http_headers_of_an_upgrade_request_are_forwarded_as_sent(threaded_server, echo_repo, path):
+    """An upgrade request (``curl --http2``'s ``Upgrade: h2c``) is read again without its upgrade (``http.limits``);
+    its headers keep the names as sent, so the pattern matches them as for any other request."""
+    server = threaded_server([echo_repo], http_header_forward="^[Xx]-")
+    headers = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA",
+               "X-Tenant": "acme"}
+    assert _http_params(server, path, headers) == (200, {"X-Tenant": "acme"})
+
+
 @pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
 def test_grpc_metadata_matching_the_pattern_becomes_parameters(threaded_server, echo_repo, grpc_server):
     import numpy as np
