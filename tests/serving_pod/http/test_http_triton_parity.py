@@ -308,6 +308,12 @@ CASES: dict[str, tuple[Case, Answer]] = {
         "Accept-Encoding": "identity;q=0.5, gzip;q=0.2"}), Answer(200, "application/json", (None, None), SUM)),
     "gzip of the highest q-value": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
         "Accept-Encoding": "deflate;q=0.5, gzip;q=0.9"}), Answer(200, "application/json", ("gzip", None), SUM)),
+    # an upgrade request is the plain request it also is, body included (Ferry read no body: 400 "Raw request ...")
+    "infer with curl --http2's h2c upgrade": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
+        "Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"}),
+        Answer(200, "application/json", (None, None), SUM)),
+    "infer with a websocket upgrade": (Case("POST", "/v2/models/add_sub/infer", _inputs(), {
+        "Connection": "Upgrade", "Upgrade": "websocket"}), Answer(200, "application/json", (None, None), SUM)),
     "gzip request body": (Case("POST", "/v2/models/add_sub/infer", gzip.compress(_inputs()), {
         "Content-Encoding": "gzip"}), Answer(200, "application/json", (None, None), SUM)),
     # a header sent twice: its first value counts (evhtp_kv_find), the second is ignored (Ferry took the last)
