@@ -7,6 +7,8 @@ answers once different from Triton 2.51's (found and compared in ``test_shared_m
 
 from __future__ import annotations
 
+import base64
+
 import uuid
 
 import numpy as np
@@ -140,7 +142,8 @@ def test_cuda_shared_memory_without_a_gpu_is_unsupported_but_status_works(server
     for protocol in PROTOCOLS:
         client = server.client(protocol)
         with pytest.raises(InferenceServerException, match="CUDA shared memory is not supported"):
-            client.register_cuda_shared_memory("gpu0", b"AAAA", 0, 64)
+            # a well-formed handle (base64 of a 64-byte cudaIpcMemHandle_t): one of another size is refused first
+            client.register_cuda_shared_memory("gpu0", base64.b64encode(bytes(64)), 0, 64)
         client.unregister_cuda_shared_memory()  # perf_analyzer does this at start
         status = client.get_cuda_shared_memory_status()
         assert (status if protocol == "http" else list(status.regions)) == []
