@@ -147,10 +147,16 @@ class SharedMemoryManager:
         if not self.allow:
             raise UnsupportedError(DISABLED_MESSAGE)
 
+    @staticmethod
+    def require_region(name: str, kind: str) -> None:
+        """A register request's first check, tritonserver's (``kind``: ``system`` or ``cuda``); the HTTP front end
+        makes it before it reads the request's body, as tritonserver does."""
+        if not name:
+            raise InvalidArgumentError(f"'region name' is necessary to register {kind} shared memory region")
+
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.require_allowed()
-        if not name:
-            raise InvalidArgumentError("'region name' is necessary to register system shared memory region")
+        self.require_region(name, "system")
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, byte_size)):
             raise _invalid_args(name)
         if name in self.regions:
@@ -159,8 +165,7 @@ class SharedMemoryManager:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self.require_allowed()
-        if not name:
-            raise InvalidArgumentError("'region name' is necessary to register cuda shared memory region")
+        self.require_region(name, "cuda")
         if name in self.regions:
             raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
         from serving_pod.cuda_shm import CudaRegion  # cuda-python, imported on demand

@@ -47,13 +47,6 @@ def _uint(body: dict[str, Any], key: str, *, required: bool, what: str) -> int:
     return value
 
 
-def _require_region(region: str, kind: str) -> None:
-    """tritonserver's first check of a register request, made before its body is read: a malformed body without a
-    region name gets this 400 too (Ferry named the body's fault, or a missing 'key')."""
-    if not region:
-        raise InvalidArgumentError(f"'region name' is necessary to register {kind} shared memory region")
-
-
 def _ipc_handle(text: str) -> bytes:
     """The ``raw_handle`` of a CUDA register request: base64 of a ``cudaIpcMemHandle_t``. Text that is not base64, or
     decodes to another size, gets tritonserver's 400 before any CUDA call (Ferry answered a handle of the wrong size
@@ -81,7 +74,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/systemsharedmemory/region/{region}/register")
     async def system_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
-        _require_region(region, "system")
+        shm.require_region(region, "system")  # before the body: a malformed one without a name gets this 400 too
         body = await json_body(request)
         key = body.get("key")
         if key is None:
@@ -108,7 +101,7 @@ def add_extension_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/v2/cudasharedmemory/region/{region}/register")
     async def cuda_register(request: Request, region: str = "") -> Response:
         shm.require_allowed()
-        _require_region(region, "cuda")
+        shm.require_region(region, "cuda")
         body = await json_body(request)
         if "raw_handle" not in body:
             raise InvalidArgumentError("Shared memory register request has no 'raw_handle' field")  # Triton's words
