@@ -352,9 +352,13 @@ class H2Connection(asyncio.Protocol):
                     raise ConnectionError_(error.code, str(error)) from None
                 lost_now = True
         if lost_now:
-            self._table_lost = True
             self._header_list_beyond_limit(stream_id, flags)
             return
+        self._stream_headers(stream_id, flags, headers)
+
+    def _stream_headers(self, stream_id: int, flags: int, headers: list[tuple[bytes, bytes]] | None) -> None:
+        """What a header block does to its stream: a client's trailers end its call, a new stream starts (or is
+        refused); ``headers`` None: a list over the limit, which the handler refuses."""
         end_stream = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
@@ -384,23 +388,10 @@ class H2Connection(asyncio.Protocol):
         given up mid-way: the HPACK table is lost. Its stream, if new, is refused as an oversized one is
         (RESOURCE_EXHAUSTED, as tritonserver's gRPC core answers it); then GOAWAY ENHANCE_YOUR_CALM, and the
         calls already open finish before the connection closes (their DATA needs no HPACK)."""
-        stream = self.streams.get(stream_id)
-        if stream is not None:  # trailers of an open call: its request ends here
-            if not stream.remote_closed:
-                stream.remote_closed = True
-                self.handler.stream_data(stream, b"", True)  # type: ignore[union-attr]
-                self._maybe_forget(stream)
-        elif stream_id % 2 == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, f"stream {stream_id} cannot be opened by a client")
-        elif stream_id > self._last_stream:
-            self._last_stream = stream_id
-            stream = Stream(stream_id, self.peer_initial_window)
-            stream.remote_closed = bool(flags & FLAG_END_STREAM)
-            if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
-                self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
-            else:
-                self.streams[stream_id] = stream
-                self.handler.stream_started(stream, None, stream.remote_closed)  # type: ignore[union-attr]
+        if stream_id in self.streams:  # trailers of an open call: its request ends here, END_STREAM or not
+            flags |= FLAG_END_STREAM
+        self._stream_headers(stream_id, flags, None)  # a new stream is opened while the table counts as kept
+        self._table_lost = True
         log.debug("HTTP/2 connection from %s: header list beyond the hard limit; going away", self.peer)
         self.goaway(b"header list beyond the hard limit", code=ENHANCE_YOUR_CALM)
 
