@@ -64,8 +64,18 @@ def _uvicorn(app: Any, http: Any = "httptools", **extra: Any) -> uvicorn.Server:
     return server
 
 
+#: tritonserver 2.51's metrics endpoint: ``/metrics`` with an optional trailing slash (its ``api_regex_``)
+METRICS_PATHS = ("/metrics", "/metrics/")
+#: the content type tritonserver's metrics endpoint gives a scrape (no ``version=0.0.4``; Prometheus reads the
+#: text format by default)
+METRICS_CONTENT_TYPE = b"text/plain; charset=utf-8"
+
+
 def metrics_app(registry: Any):
-    """A tiny ASGI app serving ``GET /metrics``."""
+    """A tiny ASGI app serving ``GET /metrics`` as tritonserver's metrics endpoint serves it: ``/metrics/`` too, the
+    scrape typed ``METRICS_CONTENT_TYPE``, any other method answered 405 ``{"error":"Method Not Allowed"}`` (typed
+    text/plain, as there). Kept different on purpose: tritonserver answers 200 with an empty body on any other path
+    (``/``, ``/foo``), Ferry 404."""
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -74,9 +84,10 @@ def metrics_app(registry: Any):
             from serving_pod.http.app import log_http_request
 
             log_http_request(scope["method"], scope.get("raw_path") or scope["path"].encode())
-        if scope["path"] == "/metrics":
-            status, body = 200, render(registry)
-            content_type = b"text/plain; version=0.0.4; charset=utf-8"
+        if scope["method"] != "GET":
+            status, body, content_type = 405, b'{"error":"Method Not Allowed"}', b"text/plain"
+        elif scope["path"] in METRICS_PATHS:
+            status, body, content_type = 200, render(registry), METRICS_CONTENT_TYPE
         else:
             status, body, content_type = 404, b"", b"text/plain"
         await send({"type": "http.response.start", "status": status,

@@ -173,10 +173,46 @@ def test_families_without_series_are_left_out(threaded_server, tmp_path):
     assert "# TYPE nv_inference_request_success counter" in raw and "nv_cache_" not in raw
 
 
-def test_metrics_endpoint_404_elsewhere(threaded_server, tmp_path):
+#: tritonserver 2.51's metrics endpoint, recorded live (``/tmp`` sweep, CPU-only): (method, path) -> (status,
+#: content type, body, or True for a scrape); ``/other`` and ``/`` are Ferry's own (module docstring of
+#: ``serving_pod.server.metrics_app``: Triton answers them 200 with an empty body)
+TRITON_METRICS_ENDPOINT = {
+    ("GET", "/metrics"): (200, "text/plain; charset=utf-8", True),
+    ("GET", "/metrics/"): (200, "text/plain; charset=utf-8", True),
+    ("GET", "/metrics?name=x"): (200, "text/plain; charset=utf-8", True),
+    ("POST", "/metrics"): (405, "text/plain", '{"error":"Method Not Allowed"}'),
+    ("PUT", "/metrics"): (405, "text/plain", '{"error":"Method Not Allowed"}'),
+    ("HEAD", "/metrics"): (405, "text/plain", ""),
+    ("GET", "/other"): (404, "text/plain", ""),
+    ("GET", "/"): (404, "text/plain", ""),
+}
+
+
+def _endpoint_answers(metrics_url: str) -> dict[tuple[str, str], tuple[int, str, object]]:
+    answers = {}
+    for method, path in TRITON_METRICS_ENDPOINT:
+        response = httpx.request(method, metrics_url.replace("/metrics", path), timeout=10)
+        scrape = "# TYPE nv_cpu_utilization gauge" in response.text
+        answers[method, path] = (response.status_code, response.headers["content-type"], scrape or response.text)
+    return answers
+
+
+def test_metrics_endpoint_answers_as_tritons(threaded_server, tmp_path):
+    """The scrape at ``/metrics`` and ``/metrics/`` typed as tritonserver types it, other methods 405 (Ferry served
+    every method, typed the scrape ``text/plain; version=0.0.4; charset=utf-8`` and answered 404 at ``/metrics/``)."""
     server = threaded_server([tmp_path])
-    response = httpx.get(server.metrics_url.replace("/metrics", "/other"), timeout=10)
-    assert response.status_code == 404
+    assert _endpoint_answers(server.metrics_url) == TRITON_METRICS_ENDPOINT
+
+
+@pytest.mark.slow  # live NVIDIA Triton: Ferry's half runs by default against the same recorded answers
+def test_nvidia_tritons_metrics_endpoint_as_recorded(tmp_path):
+    from support.triton import running_triton
+
+    with running_triton(tmp_path, []) as (_, _, metrics):
+        answers = _endpoint_answers(f"http://127.0.0.1:{metrics}/metrics")
+    ours = {key: value for key, value in TRITON_METRICS_ENDPOINT.items() if key[1] not in ("/other", "/")}
+    assert {key: answers[key] for key in ours} == ours
+    assert answers["GET", "/other"] == answers["GET", "/"] == (200, "text/plain; charset=utf-8", "")
 
 
 def _families(server) -> dict[str, object]:
