@@ -31,6 +31,10 @@ class ServerError(Exception):
     in_execution: bool = False
     #: an HTTP inference error tritonserver finds before it parses the body (``http.responses.before_parsing``)
     before_parsing: bool = False
+    #: a scheduler took the request into its queue and later answered it with this error instead of running it (a
+    #: queue or backlog timeout, ``rejected_from_queue``): tritonserver sends it from the response callback, as it
+    #: sends an execution's errors, so its HTTP front end types the answer text/plain
+    from_queue: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -76,6 +80,13 @@ class UnknownError(ServerError):
     """Triton's TRITONSERVER_ERROR_UNKNOWN (a python model's ``pb_utils.TritonError.UNKNOWN``)."""
 
     code = "UNKNOWN"
+
+
+def rejected_from_queue(message: str) -> UnavailableError:
+    """An UNAVAILABLE answer to a request its scheduler had queued and dropped unrun (``ServerError.from_queue``)."""
+    error = UnavailableError(message)
+    error.from_queue = True
+    return error
 
 
 def execution_error(message: str) -> InternalError:

@@ -36,7 +36,7 @@ import itertools
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterator
 
-from serving_pod.core.errors import InternalError, ServerError, UnavailableError
+from serving_pod.core.errors import InternalError, ServerError, UnavailableError, rejected_from_queue
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.clock import Clock, LoopClock, TimerHandle
 from serving_pod.schedulers.instances import forward_answer
@@ -242,7 +242,7 @@ class DynamicScheduler:
         rejected, cancelled = self.queue.take_dropped()
         for entry in rejected:
             self.stats.record_failure(now - entry.request.arrival_ns, "REJECTED")
-            entry.future.set_result(UnavailableError(TIMEOUT_EXPIRED))
+            entry.future.set_result(rejected_from_queue(TIMEOUT_EXPIRED))
         for entry in cancelled:
             self.stats.record_failure(now - entry.request.arrival_ns, "CANCELED")
         self._finished(len(rejected) + len(cancelled))

@@ -149,3 +149,29 @@ async def test_request_timeout_parameter_over_grpc(tmp_path: Path, server_factor
     assert await first == 0.0
     pool.shutdown()
     assert "Request timeout expired" in str(expired)
+
+
+async def test_a_queue_timeout_is_answered_text_plain_over_http(tmp_path: Path, server_factory) -> None:
+    """A request that timed out in the queue (REJECT): tritonserver 2.51 answers it from its response callback, which
+    sets no content type, so over HTTP it is 503 ``text/plain`` with the ``{"error": ...}`` body (recorded live); Ferry
+    typed it ``application/json`` as it types refusals found before queuing (a full queue: still JSON, as Triton)."""
+    import httpx
+
+    slow_model(
+        tmp_path, "tmo",
+        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000 }",
+        max_batch=1,
+    )
+    handle = await server_factory([tmp_path])
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=2)
+    first = loop.run_in_executor(pool, infer, handle, "http", "tmo", 0.0)
+    await wait_busy(handle, "tmo")
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
+    url = f"http://127.0.0.1:{handle.server.http_port}/v2/models/tmo/infer"
+    expired = await loop.run_in_executor(pool, functools.partial(httpx.post, url, json=body, timeout=30))
+    assert await first == 0.0
+    pool.shutdown()
+    answer = (expired.status_code, expired.headers["content-type"], expired.text)
+    assert answer == (503, "text/plain", '{"error":"Request timeout expired"}')
+
