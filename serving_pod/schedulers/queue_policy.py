@@ -102,6 +102,11 @@ def _uint_parameter(parameters: dict[str, Any], name: str) -> int:
     return value
 
 
+def request_timeout_us(parameters: dict[str, Any]) -> int:
+    """A request's ``timeout`` parameter in microseconds, 0 without one (InvalidArgumentError if malformed)."""
+    return _uint_parameter(parameters, "timeout") if "timeout" in parameters else 0
+
+
 class PriorityQueue:
     """Requests waiting for a batch, in Triton's service order."""
 
@@ -139,8 +144,7 @@ class PriorityQueue:
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise UnavailableError(prefix(entry.request) + QUEUE_FULL)
         if policy.may_expire:
-            timeout_us = _uint_parameter(parameters, "timeout") if "timeout" in parameters else 0
-            entry.deadline_ns = policy.deadline(entry.enqueue_ns, timeout_us)
+            entry.deadline_ns = policy.deadline(entry.enqueue_ns, request_timeout_us(parameters))
         level.queue.append(entry)
         self.size += 1
 

@@ -14,6 +14,11 @@ How it works (Triton's ``sequence_batch_scheduler.cc``, re-expressed on asyncio)
   ``max_sequence_idle_microseconds`` (a later request then gets Triton's "must specify the START
   flag" error, word for word; the release is logged). The reaper wakes at the next expiry, so
   backlogged sequences take the slots in the order their holders expire.
+- A request's ``timeout`` parameter (microseconds) bounds how long its sequence may wait in the backlog, as in
+  Triton 2.51: the earliest deadline of the requests that reached it there counts; once past, every request of
+  the backlogged sequence fails UNAVAILABLE "timeout of the corresponding sequence has been expired" (each a
+  failure of reason ``REJECTED``) and a later request of its id needs START. A request of a sequence that holds a
+  slot ignores its ``timeout``.
 - One lane task per instance forms a batch from the heads of its slots (at most one request per
   sequence per batch, so a sequence runs in order) and executes it. Direct: slots in index order,
   empty slots below the highest busy one get a null request with READY=0, waiting up to
@@ -66,14 +71,19 @@ from serving_pod.core.errors import (
     InvalidArgumentError,
     ServerError,
     UnavailableError,
+    rejected_from_queue,
 )
 from serving_pod.core.types import InferRequest, InferResponse
 from serving_pod.schedulers.clock import LoopClock
 from serving_pod.schedulers.instances import InstancePool
+from serving_pod.schedulers.queue_policy import request_timeout_us
 from serving_pod.schedulers.sequence_batch import StateIO, run_padded
 from serving_pod.schedulers.sequence_config import SequenceKey, parse_sequence_config
 
 log = logging.getLogger("ferry.sequence")
+
+#: Triton 2.51's words for the requests of a sequence whose backlog wait passed a request's ``timeout``
+BACKLOG_EXPIRED = "timeout of the corresponding sequence has been expired"
 
 
 class _Pending:
@@ -86,7 +96,7 @@ class _Pending:
 class _Sequence:
     """One live sequence: its queue of requests, its slot and its implicit state."""
 
-    __slots__ = ("key", "queue", "lane", "slot", "states", "last_ns", "busy")
+    __slots__ = ("key", "queue", "lane", "slot", "states", "last_ns", "busy", "expires_ns")
 
     def __init__(self, key: SequenceKey, now: int) -> None:
         self.key = key
@@ -96,6 +106,7 @@ class _Sequence:
         self.states: dict[str, np.ndarray] | None = None
         self.last_ns = now
         self.busy = False
+        self.expires_ns = 0  # while backlogged: the earliest request deadline (``timeout``), 0 for none
 
 
 class _Lane:
@@ -136,6 +147,7 @@ class SequenceScheduler:
         self._busy = 0
         self._closing = False
         self._reaper: asyncio.Task | None = None
+        self._backlog_timer: asyncio.TimerHandle | None = None
         self._iteration_ids = itertools.count(1)  # Triton's IterativeSequencer numbers from 1
         self.io = StateIO(spec, [output.name for output in model.config.output])
 
@@ -172,6 +184,8 @@ class SequenceScheduler:
                 "this sequence start. Previous sequence will be terminated early.", key, spec.model_name,
             )
         sequence.last_ns = now
+        if sequence.lane is None and (timeout_us := request_timeout_us(request.parameters)):
+            self._bound_backlog_wait(sequence, now + timeout_us * 1000)
         future = asyncio.get_running_loop().create_future()
         sequence.queue.append(_Pending(request, future, start, end, now))
         if end:
@@ -197,6 +211,8 @@ class SequenceScheduler:
         for task in [lane.task for lane in self._lanes] + [self._reaper]:
             if task is not None:
                 task.cancel()
+        if self._backlog_timer is not None:
+            self._backlog_timer.cancel()
 
     def _queued(self) -> bool:
         return any(sequence is not None and sequence.queue for lane in self._lanes for sequence in lane.slots)
@@ -217,7 +233,7 @@ class SequenceScheduler:
             self._backlog.append(sequence)
 
     def _assign(self, sequence: _Sequence, lane: int, slot: int) -> None:
-        sequence.lane, sequence.slot = lane, slot
+        sequence.lane, sequence.slot, sequence.expires_ns = lane, slot, 0  # a slotted sequence has no deadline
         self._lanes[lane].slots[slot] = sequence
         self._lanes[lane].wake.set()
 
@@ -234,6 +250,39 @@ class SequenceScheduler:
             self._assign(self._backlog.popleft(), lane, slot)
         else:
             heapq.heappush(self._free, (slot, lane))
+
+    def _bound_backlog_wait(self, sequence: _Sequence, deadline_ns: int) -> None:
+        """A backlogged sequence's wait ends by ``deadline_ns`` at the latest (module docstring)."""
+        if not sequence.expires_ns or deadline_ns < sequence.expires_ns:
+            sequence.expires_ns = deadline_ns
+        self._set_backlog_timer(self.clock())
+
+    def _set_backlog_timer(self, now: int) -> None:
+        """Fire ``_expire_backlog`` at the earliest deadline of the backlogged sequences (none: no timer)."""
+        if self._backlog_timer is not None:
+            self._backlog_timer.cancel()
+            self._backlog_timer = None
+        deadlines = [sequence.expires_ns for sequence in self._backlog if sequence.expires_ns]
+        if deadlines:
+            delay_s = max(min(deadlines) - now, 0) / 1e9
+            self._backlog_timer = asyncio.get_running_loop().call_later(delay_s, self._expire_backlog)
+
+    def _expire_backlog(self) -> None:
+        """Fail the backlogged sequences past their deadline (module docstring); wait for the next one."""
+        self._backlog_timer = None
+        now = self.clock()
+        expired = [sequence for sequence in self._backlog if sequence.expires_ns and sequence.expires_ns <= now]
+        for sequence in expired:
+            self._backlog.remove(sequence)
+            if self._active.get(sequence.key) is sequence:
+                del self._active[sequence.key]
+            while sequence.queue:
+                pending = sequence.queue.popleft()
+                self._pending -= 1
+                self.pool.stats.record_failure(now - pending.request.arrival_ns, "REJECTED")
+                if not pending.future.done():
+                    pending.future.set_exception(rejected_from_queue(BACKLOG_EXPIRED))
+        self._set_backlog_timer(now)
 
     def _no_start_message(self, key: SequenceKey) -> str:
         # Triton 2.51's words also for a sequence released as idle (the release is logged instead)
