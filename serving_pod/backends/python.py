@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from serving_pod.backends.base import InstanceContext, ModelInstance, VersionLoadError
 from serving_pod.core import errors
 from serving_pod.core.datatypes import config_to_wire
-from serving_pod.repository.config import config_to_dict
+from serving_pod.repository.config import config_to_dict, version_number
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -196,7 +196,7 @@ def _find_model_file(config: "ModelConfig", model_dir: Path, version_dir: Path |
         path = _model_file(config, Path(version_dir))
         return path if path.is_file() else None
     versions = sorted(
-        (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+        (p for p in model_dir.iterdir() if p.is_dir() and version_number(p.name) is not None),
         key=lambda p: int(p.name),
         reverse=True,
     ) if model_dir.is_dir() else []

@@ -77,6 +77,15 @@ class LoadFailed(ModelLoadError):
         super().__init__(f"load failed for model '{name}': {why}\n")
 
 
+class NoVersionAvailable(LoadFailed):
+    """The version policy leaves no version folder to load: ``load failed for model '<m>': at least one version must
+    be available under the version policy of model '<m>'`` and a newline (Triton 2.51's words). Triton's life cycle
+    holds the model from then on, with no version: a request for it ``has no available versions``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, f"at least one version must be available under the version policy of model '{name}'")
+
+
 class VersionsUnavailable(LoadFailed):
     """Versions of a model failed to load, worded as Triton 2.51's load error: ``load failed for model '<m>': ``
     then ``version N is at UNAVAILABLE state: <reason>;`` for each failed version (ascending), then a newline.

@@ -41,6 +41,7 @@ from serving_pod.core.builder import Built, BuiltInstances, VersionBuilder, clos
 from serving_pod.core.load_errors import (
     CircularDependency,
     EnsembleInvalid,
+    NoVersionAvailable,
     PollFailed,
     PollRefused,
     VersionRefused,
@@ -124,6 +125,9 @@ class ModelEntry:
     #: why its last load failed before any version was tried (a refused config, an ensemble's dependencies): the
     #: index lists it with this reason and no version, and the server is not ready while it stays so
     refused: str = ""
+    #: its version policy left no version to load once: Triton's life cycle holds it from then on, with no version,
+    #: so a request for it finds it "has no available versions" (not "is not found": a refused config is not held)
+    held: bool = False
 
 
 class ModelRegistry:
@@ -166,7 +170,7 @@ class ModelRegistry:
         elif ready:
             return ready[0]
         if not ready:
-            if entry is None or not entry.versions:
+            if entry is None or (not entry.versions and not entry.held):
                 raise unknown_model(name)
             if version and int(version) not in entry.versions:
                 raise unknown_version(name, version)  # as Triton: a version never loaded is not found
@@ -321,6 +325,7 @@ class ModelRegistry:
                     for version in error.loaded:
                         entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
                 elif first_load:
+                    entry.held = entry.held or isinstance(error, NoVersionAvailable)
                     # refused before any version was tried (its config, an ensemble's composing models): as Triton,
                     # no version is listed for it (a version 1 need not exist); versions unloaded before stay
                     entry.refused = message
@@ -380,7 +385,7 @@ class ModelRegistry:
             dependent.awaiting = steps
         async with entry.lock:
             entry.awaiting = frozenset()  # unloaded on purpose: it stays unloaded
-            entry.refused = ""  # as a failed version's reason, an unload clears why it was refused
+            entry.refused = ""  # its row is the name only again, as Triton's always is
             # the times stay: loaded again it is a fresh load (nothing READY), and one with a config override keeps it
             # from a later load without one, as Triton keeps a model's times across an unload
             old = entry.ready
@@ -388,8 +393,8 @@ class ModelRegistry:
             for model in old:
                 entry.versions[model.version] = VersionState(model.version, UNLOADING)
             await self._retire(old)
-            for version in list(entry.versions):
-                entry.versions[version] = VersionState(version, UNAVAILABLE, "unloaded")
+            for model in old:  # as Triton: a version that failed to load keeps its state and reason
+                entry.versions[model.version] = VersionState(model.version, UNAVAILABLE, "unloaded")
         self._changed()
 
     async def load_many(self, names: list[str]) -> dict[str, str]:

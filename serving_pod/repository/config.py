@@ -2,9 +2,10 @@
 
 Parsing uses protobuf text_format into ``tritonclient.grpc.model_config_pb2.ModelConfig`` (Triton's proto,
 as shipped by tritonclient), so every field name and enum is Triton's. Validation errors name the model
-and the offending field, and are raised as ``ModelLoadError``; a config that cannot be read or parsed, or names
-another model, is a ``PollRefused`` (Triton refuses it while polling the repository: ``core.load_errors``). Backends
-fill missing I/O through ``Backend.auto_complete`` before validation runs.
+and the offending field, and are raised as ``ModelLoadError``; a config that cannot be read or parsed, names
+another model, a platform Triton does not know or no backend Triton can tell is a ``PollRefused`` (Triton refuses it
+while polling the repository: ``core.load_errors``). Backends fill missing I/O through ``Backend.auto_complete``
+before validation runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving_pod.core.errors import ModelLoadError
 from serving_pod.core.load_errors import PollRefused
 
 #: config platform -> backend name (Triton's own pairs).
@@ -166,6 +166,15 @@ def _float(value: float | str) -> float | int | str:
     return value
 
 
+def version_number(folder: str) -> int | None:
+    """The version a model directory's sub-folder holds, as Triton 2.51 reads its name (``VersionsToLoad``): ASCII
+    digits without a leading zero (``0`` itself is version 0; Triton ignores ``01`` with a warning); None for any
+    other name (Triton would read ``2a`` as 2 and ``-1`` as -1, then never finish loading them)."""
+    if not (folder.isascii() and folder.isdigit()) or (len(folder) > 1 and folder.startswith("0")):
+        return None
+    return int(folder)
+
+
 def config_path(model_dir: Path, config_name: str = "") -> Path:
     """The model's configuration file: ``configs/<config_name>.pbtxt`` when ``--model-config-name`` names one
     that exists in the model directory (Triton's custom configurations), else ``config.pbtxt``."""
@@ -201,18 +210,14 @@ def resolve_backend(config: mc.ModelConfig, model_dir: Path) -> str:
     if config.backend:
         backend = config.backend
     elif config.platform:
-        if config.platform not in PLATFORM_BACKENDS:
-            raise ModelLoadError(
-                f"unexpected platform type '{config.platform}' for model '{config.name}'"
-            )
+        if config.platform not in PLATFORM_BACKENDS:  # Triton's ValidateModelConfig, while it polls
+            raise PollRefused(f"unexpected platform type '{config.platform}' for {config.name}")
         backend = PLATFORM_BACKENDS[config.platform]
     else:
         backend = _backend_from_files(config, model_dir)
-        if not backend:
-            raise ModelLoadError(
-                f"unable to find backend for model '{config.name}': the config names no backend or "
-                f"platform and no version folder holds {', '.join(FILE_BACKENDS)}"
-            )
+        if not backend:  # Triton's words, while it polls (no version folder holds one of FILE_BACKENDS)
+            raise PollRefused(f"Invalid model name: Could not determine backend for model '{config.name}' with no "
+                              "backend in model configuration. Expected model name of the form 'model.<backend_name>'.")
     if config.platform == "ensemble":
         return "ensemble"
     config.backend = backend
@@ -224,7 +229,7 @@ def resolve_backend(config: mc.ModelConfig, model_dir: Path) -> str:
 def _backend_from_files(config: mc.ModelConfig, model_dir: Path) -> str:
     names = [config.default_model_filename] if config.default_model_filename else list(FILE_BACKENDS)
     for version_dir in sorted(model_dir.iterdir() if model_dir.is_dir() else []):
-        if not version_dir.is_dir() or not version_dir.name.isdigit():
+        if not version_dir.is_dir() or version_number(version_dir.name) is None:
             continue
         for name in names:
             if (version_dir / name).exists() and name in FILE_BACKENDS:

@@ -5,7 +5,7 @@ dims sane, batch settings coherent, version folders present). A bad ``max_batch_
 ``PollRefused`` (Triton's ``ValidateModelConfig`` refuses it while polling the repository: ``core.load_errors``); a
 tensor Triton's ``ValidateModelIOConfig`` refuses is a ``VersionRefused`` in its words (``validate_io``: each version's
 failure, or a poll refusal under ``--disable-auto-complete-config``, as Triton's); a version policy that leaves no
-version is a ``LoadFailed``, as Triton's.
+version is a ``NoVersionAvailable`` load failure, as Triton's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.datatypes import WIRE_TO_NUMPY, config_to_wire
 from serving_pod.core.errors import ModelLoadError
-from serving_pod.core.load_errors import LoadFailed, PollRefused, VersionRefused
+from serving_pod.core.load_errors import NoVersionAvailable, PollRefused, VersionRefused
+from serving_pod.repository.config import version_number
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ def validate_config(config: mc.ModelConfig) -> None:
 
 def validate_io(config: mc.ModelConfig) -> None:
     """Raise ``VersionRefused`` for the first tensor Triton's ``ValidateModelIOConfig`` refuses, in its order and
-    words (``<why> for <model>``): each input, then each output. Ferry refuses more, in the same form: a tensor named
-    twice (Triton loads it), a data type it has no array type for, no output outside python models. An ensemble's
-    tensors may be shape tensors or in a non-linear format (its steps' models say whether they can be)."""
+    words (``<why> for <model>``): each input, each output, then the batch inputs and outputs. Ferry refuses more, in
+    the same form: a tensor named twice (Triton loads it), a data type it has no array type for, no output outside
+    python models. An ensemble's tensors may be shape tensors or in a non-linear format (its steps' models say whether
+    they can be)."""
     name = config.name
     trt = config.backend == "tensorrt" or config.platform == "tensorrt_plan"
     ensemble = config.platform == "ensemble"
@@ -56,6 +58,9 @@ def validate_io(config: mc.ModelConfig) -> None:
             if why is not None:
                 raise VersionRefused(f"{why} for {name}")
             seen.add(tensor.name)
+    why = _batch_io_refusal(config)
+    if why is not None:
+        raise VersionRefused(f"{why} for {name}")
     if not ensemble and not config.output and config.backend != "python":
         raise VersionRefused(f"model must specify at least one output for {name}")  # Triton's python needs none
 
@@ -94,6 +99,38 @@ def _tensor_refusal(kind: str, tensor: mc.ModelInput | mc.ModelOutput, max_batch
             return "Non-linear IO format is only supported for the TensorRT platform"
         if len(tensor.dims) != 3:
             return f"Non-linear IO format {kind} requires 3 dims"
+    return None
+
+
+def _batch_io_refusal(config: mc.ModelConfig) -> str | None:
+    """Why Triton's ``ValidateBatchIO`` refuses the config's ``batch_input`` / ``batch_output`` (after the tensors,
+    without `` for <model>``): one source input each, an INT32 or FP32 batch input, sources among the inputs, targets
+    among the outputs, each target once."""
+    inputs = {tensor.name for tensor in config.input}
+    outputs = {tensor.name for tensor in config.output}
+    for batch_input in config.batch_input:
+        if len(batch_input.source_input) != 1:
+            return (f"batch input kind '{mc.BatchInput.Kind.Name(batch_input.kind)}' expects 1 source input, got "
+                    f"{len(batch_input.source_input)}")
+        if batch_input.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
+            return "batch input data type must be TYPE_INT32 or TYPE_FP32"
+        unknown = [source for source in batch_input.source_input if source not in inputs]
+        if unknown:
+            return f"unknown source input name '{unknown[0]}'"
+    for batch_output in config.batch_output:
+        if len(batch_output.source_input) != 1:
+            return (f"batch output kind '{mc.BatchOutput.Kind.Name(batch_output.kind)}' expects 1 source input, got "
+                    f"{len(batch_output.source_input)}")
+        unknown = [source for source in batch_output.source_input if source not in inputs]
+        if unknown:
+            return f"unknown source input name '{unknown[0]}'"
+        targets: set[str] = set()
+        for target in batch_output.target_name:
+            if target not in outputs:
+                return f"unknown target output name '{target}'"
+            if target in targets:
+                return f"target output name '{target}' can only be specified once"
+            targets.add(target)
     return None
 
 
@@ -178,15 +215,32 @@ def _validate_batching(config: mc.ModelConfig) -> None:
                 )
 
 
+#: model sub-folders that are never versions (Triton skips them before it reads a folder name as one)
+_NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs"})
+
+
+def _versions_on_disk(model_dir: Path) -> list[int]:
+    """The model directory's version folders; another folder is ignored with Triton's warning (a name with a leading
+    zero; one that is not a number, which Triton calls one that fails to convert to integral number)."""
+    versions = []
+    for entry in sorted(model_dir.iterdir()) if model_dir.is_dir() else []:
+        if not entry.is_dir() or entry.name in _NOT_VERSIONS:
+            continue
+        version = version_number(entry.name)
+        if version is not None:
+            versions.append(version)
+        elif entry.name.isascii() and entry.name.isdigit():
+            log.warning("ignore version directory '%s' which contains leading zeros in its directory name", entry.name)
+        else:
+            log.warning("ignore version directory '%s' which fails to convert to integral number", entry.name)
+    return versions
+
+
 def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:
     """Version numbers to load under the config's version policy, as Triton picks them: ``latest`` (1 by default)
     the highest ``num_versions`` folders, ``all`` every one, ``specific`` those of its versions that have a folder
     (a missing one is logged, as Triton logs it). None at all is Triton's load error."""
-    available = sorted(
-        int(entry.name)
-        for entry in (model_dir.iterdir() if model_dir.is_dir() else [])
-        if entry.is_dir() and entry.name.isdigit()
-    )
+    available = sorted(_versions_on_disk(model_dir))
     if not available and config.platform == "ensemble":
         return [1]
     policy = config.version_policy
@@ -208,6 +262,5 @@ def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:
         log.error("model '%s' has no version folder to load under its version policy in %s (numeric folders: %s)",
                   config.name, model_dir, available or "none")
         # a load failure, not a poll failure: an ensemble over it quotes it as a model "which has no loaded version"
-        raise LoadFailed(config.name, "at least one version must be available under the version policy of model "
-                                      f"'{config.name}'")
+        raise NoVersionAvailable(config.name)
     return chosen

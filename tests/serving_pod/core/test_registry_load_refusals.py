@@ -397,8 +397,9 @@ def test_load_refusals_and_their_index_rows_as_nvidia_tritons(tmp_path):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_refused_models_list_no_version_and_are_not_found(threaded_server, tmp_path, protocol):
     """Over both protocols: every attempt answers the same reason, and a model refused before any version (a model
-    directory without a version folder included) is listed with its reason and no version, and unknown to config
-    requests (Triton drops the directory without a version folder from its index: module docstring)."""
+    directory without a version folder included) is listed with its reason and no version (Triton drops the directory
+    without a version folder from its index: module docstring). A config request finds the ensemble unknown and the
+    directory without a version folder held with no version, as Triton's (test_registry_failed_models.py)."""
     server = threaded_server([_repository(tmp_path / "models")], model_control_mode="explicit")
     client: Any = server.client(protocol)
     for name in ("ens_mbs", "noversion", "ens_mbs"):
@@ -412,7 +413,9 @@ def test_refused_models_list_no_version_and_are_not_found(threaded_server, tmp_p
     assert "version" not in rows["ens_mbs"] and "version" not in rows["noversion"]
     assert rows["ens_mbs"]["reason"].startswith("load failed for model 'ens_mbs': ensemble ens_mbs allows")
     assert "at least one version must be available" in rows["noversion"]["reason"]
-    with pytest.raises(InferenceServerException, match="is not found"):
+    with pytest.raises(InferenceServerException, match="'ens_mbs' is not found"):
+        client.get_model_config("ens_mbs")
+    with pytest.raises(InferenceServerException, match="'noversion' has no available versions"):
         client.get_model_config("noversion")
 
 

@@ -62,13 +62,36 @@ BAD_CONFIGS = {
     "no outputs": ('name: "bad"\nbackend: "ferry_test"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]', "Invalid argument: model must specify at least one output for bad;"),
     "duplicate input": (test_model_config("bad").replace("input [ {", 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, {'),
                         "Invalid argument: model input 'INPUT0' is specified more than once for bad;"),
-    "unknown platform": ('name: "bad"\nplatform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef' for model 'bad'"),
+    "unknown platform": ('name: "bad"\nplatform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef' for bad"),
     "unknown backend": ('name: "bad"\nbackend: "nope"', "unable to find backend library for backend 'nope', try specifying runtime"),
-    "no backend at all": ('name: "bad"', "unable to find backend for model 'bad'"),
+    "no backend at all": ('name: "bad"', "Invalid model name: Could not determine backend for model 'bad' with no "
+                                         "backend in model configuration. Expected model name of the form "
+                                         "'model.<backend_name>'."),
     "both batchers": (test_model_config("bad", extra="dynamic_batching { }\nsequence_batching { }"),
                       'Field "sequence_batching" is specified along with field "dynamic_batching"'),
     "bad reshape": (test_model_config("bad").replace("dims: [ 4 ] }", "dims: [ 4 ] reshape: { shape: [ 3 ] } }", 1),
                     "model input 'INPUT0' has different size for dims and reshape for bad;"),
+    # Triton 2.51's ValidateBatchIO (recorded live for the unknown source): each version fails; Ferry loaded them
+    "batch input source unknown": (test_model_config("bad", extra='batch_input [ { kind: BATCH_ELEMENT_COUNT '
+                                                                  'target_name: "X" data_type: TYPE_FP32 source_input: '
+                                                                  '"NOPE" } ]'),
+                                   "version 1 is at UNAVAILABLE state: Invalid argument: unknown source input name "
+                                   "'NOPE' for bad;"),
+    "batch input sources": (test_model_config("bad", extra='batch_input [ { kind: BATCH_ITEM_SHAPE target_name: "X" '
+                                                           'data_type: TYPE_FP32 } ]'),
+                            "Invalid argument: batch input kind 'BATCH_ITEM_SHAPE' expects 1 source input, got 0 for "
+                            "bad;"),
+    "batch input data type": (test_model_config("bad", extra='batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: '
+                                                             '"X" data_type: TYPE_INT64 source_input: "INPUT0" } ]'),
+                              "Invalid argument: batch input data type must be TYPE_INT32 or TYPE_FP32 for bad;"),
+    "batch output target unknown": (test_model_config("bad", extra='batch_output [ { kind: '
+                                                                   'BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "Y" '
+                                                                   'source_input: "INPUT0" } ]'),
+                                    "Invalid argument: unknown target output name 'Y' for bad;"),
+    "batch output target twice": (test_model_config("bad", extra='batch_output [ { kind: '
+                                                                 'BATCH_SCATTER_WITH_INPUT_SHAPE target_name: [ '
+                                                                 '"OUTPUT0", "OUTPUT0" ] source_input: "INPUT0" } ]'),
+                                  "Invalid argument: target output name 'OUTPUT0' can only be specified once for bad;"),
 }
 
 
@@ -91,6 +114,24 @@ def test_missing_version_folder_and_missing_model_file(tmp_path):
                            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
     with pytest.raises(ModelLoadError, match=r"model 'nofile' version 1: model file .*model.onnx not found"):
         prepare_config("nofile", onnx_dir, autocomplete=False)
+
+
+def test_version_folders_as_triton_reads_their_names(tmp_path, caplog):
+    """Triton 2.51 (recorded live) ignores a folder whose name has a leading zero, with a warning: ``01`` alone leaves
+    no version (its load error); ``0`` is version 0. Ferry read ``01`` as version 1 and then looked for ``1/model.py``."""
+    model_dir = write_model(tmp_path, "lead", test_model_config("lead"), versions=())
+    (model_dir / "01").mkdir()
+    with pytest.raises(ModelLoadError) as info:
+        prepare_config("lead", model_dir)
+    assert info.value.message == ("load failed for model 'lead': at least one version must be available under the "
+                                  "version policy of model 'lead'\n")
+    assert "ignore version directory '01' which contains leading zeros in its directory name" in caplog.text
+    (model_dir / "0").mkdir()
+    (model_dir / "abc").mkdir()
+    (model_dir / "warmup").mkdir()
+    assert prepare_config("lead", model_dir)[2] == [0]
+    assert "ignore version directory 'abc' which fails to convert to integral number" in caplog.text
+    assert "'warmup'" not in caplog.text  # Triton's model sub-folders are no version folders, and no warning
 
 
 def test_specific_version_policy_naming_a_missing_folder(tmp_path, caplog):
