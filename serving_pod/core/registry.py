@@ -123,7 +123,7 @@ class ModelEntry:
     #: the model directory's times at the last successful load (None: the next load is a fresh one)
     timestamp: ModelTimestamp | None = None
     #: why its last load failed before any version was tried (a refused config, an ensemble's dependencies): the
-    #: index lists it with this reason and no version, and the server is not ready while it stays so
+    #: index lists it with this reason and no version
     refused: str = ""
     #: its version policy left no version to load once: Triton's life cycle holds it from then on, with no version,
     #: so a request for it finds it "has no available versions" (not "is not found": a refused config is not held)
@@ -188,9 +188,12 @@ class ModelRegistry:
         return True
 
     def all_ready(self) -> bool:
-        """True when every model that was asked to load has a READY version (strict readiness)."""
+        """Strict readiness as Triton 2.51 reads its life cycle's models (``InferenceServer::IsReady``): a model held
+        with no version, or a version neither READY nor unloaded, holds readiness back. A load refused before the life
+        cycle holds the model (its config at the repository poll, an ensemble's steps) does not; a model that failed
+        at start-up does (``Engine.startup_failures``)."""
         for entry in self.entries.values():
-            if entry.refused and not entry.ready:
+            if entry.held and not entry.versions:
                 return False
             states = [v.state for v in entry.versions.values()]
             if states and not entry.ready and any(s in (LOADING, UNAVAILABLE) for s in states):

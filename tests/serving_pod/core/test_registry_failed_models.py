@@ -11,6 +11,11 @@ Triton with ``-m slow``. Each differed before:
   A model refused at Triton's repository poll, or an ensemble refused with its steps, is not held: ``is not found``.
 * unloading a model whose version failed to load leaves that version's state and reason in the index (Triton releases
   READY versions only); Ferry listed it ``unloaded``.
+* (strict) server readiness: a load Triton refuses before its life cycle holds the model (a config refused at the
+  repository poll, an ensemble refused with its steps) leaves the server ready; a model held with no version, or a
+  version that failed to load (unloaded since or not), holds readiness back. Ferry was not ready after any refused
+  load, and ready again once a failed model was unloaded. (A model that fails at start-up holds readiness back in
+  both: test_registry_poll_recovery.py.)
 * a ``batch_input`` naming an input the model does not have fails each version (Triton's ``ValidateBatchIO``); Ferry
   loaded the model.
 * a ``platform`` Triton does not know, or a config with neither backend nor platform beside no model file Triton
@@ -82,7 +87,7 @@ def _repository(root: Path) -> Path:
 
 
 #: loaded in this order, each over HTTP then gRPC
-LOADS = ("no_ver", "lead0", "ver_bad", "batch_in", "plat", "nothing", "ens_missing")
+LOADS = ("plat", "nothing", "ens_missing", "batch_in", "no_ver", "lead0", "ver_bad")
 #: loaded over HTTP only: Triton answers a refused ensemble's later loads with its poll failure (a difference kept
 #: on purpose, tests/serving_pod/core/test_registry_load_refusals.py)
 ONCE = ("ens_missing",)
@@ -109,6 +114,7 @@ def answers(http_port: int, grpc_port: int) -> dict[str, Any]:
                                                         pb.RepositoryModelLoadRequest(model_name=name))
             got[f"load {name}"] = (response.status_code, response.json().get("error") if response.content else None,
                                    again)
+            got[f"server ready after {name}"] = httpx.get(f"{base}/health/ready", timeout=60).status_code
         for name, version in ASKED:
             path = f"{base}/models/{name}" + (f"/versions/{version}" if version else "")
             for what, route, method, request in (
@@ -126,6 +132,7 @@ def answers(http_port: int, grpc_port: int) -> dict[str, Any]:
         got["index"] = rows()
         got["unload ver_bad"] = httpx.post(f"{base}/repository/models/ver_bad/unload", timeout=120).status_code
         got["index after the unload"] = rows()
+        got["server ready after the unload"] = httpx.get(f"{base}/health/ready", timeout=60).status_code
     return {key: _without_traceback(value) for key, value in got.items()}
 
 
@@ -177,9 +184,11 @@ EXPECTED: dict[str, Any] = {
     **{f"{what} ens_missing ": _not_found("ens_missing") for what in ("metadata", "config")},
     "index": [{"name": "batch_in", "version": "1", "state": "UNAVAILABLE", "reason": _BATCH_IN},
               {"name": "ver_bad", "version": "1", "state": "UNAVAILABLE", "reason": _BOOM}],
+    **{f"server ready after {name}": 200 if name in ("plat", "nothing", "ens_missing") else 400 for name in LOADS},
     "unload ver_bad": 200,
     "index after the unload": [{"name": "batch_in", "version": "1", "state": "UNAVAILABLE", "reason": _BATCH_IN},
                                {"name": "ver_bad", "version": "1", "state": "UNAVAILABLE", "reason": _BOOM}],
+    "server ready after the unload": 400,
 }
 
 
