@@ -83,6 +83,8 @@ def compute(
             )
         parsed = spec.parse(body.get("spec"))
         gpu = mig.resolve(parsed.predictor.gpu)
+        mig.check_written(parsed.predictor.model.resources.limits,
+                          f"spec.predictor.{parsed.predictor.model_field}.resources.limits")
     except spec.SpecError as exc:
         new_status = status.invalid(previous, generation, "InvalidSpec", str(exc), now)
         return Desired((), (), new_status, tuple(events.diff(previous, new_status)))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ferry_operator.spec import GpuSpec, SpecError
-from ferry_operator.specreader import label_value_problem
+from ferry_operator.specreader import label_value_problem, quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -152,6 +152,36 @@ def _profiles_for(gpu: GpuSpec, path: str) -> tuple[str, ...]:
     return tuple(MIG_PROFILES[name])
 
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
 def has_gpu_resources(resources: Mapping[str, str]) -> bool:
-    """True when user-written resources already ask for GPUs or MIG slices."""
-    return any(name == GPU_RESOURCE or name.startswith("nvidia.com/mig-") for name in resources)
+    """True when user-written resources ask for at least one GPU or MIG slice (``nvidia.com/gpu: 0`` asks for none)."""
+    return any(
+        (name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)) and (quantity(str(value)) or 0) > 0
+        for name, value in resources.items()
+    )
+
+
+def check_written(limits: Mapping[str, str], path: str) -> None:
+    """MIG slices written in ``resources.limits`` (KServe's way) follow the rules ``gpu.migProfile`` follows.
+
+    A profile no GPU has is never advertised (the pod would stay Pending), and a process uses one
+    CUDA device: one slice, not mixed with whole GPUs or with a slice of another profile.
+    """
+    known: dict[str, None] = {}
+    for table in MIG_PROFILES.values():
+        known.update(dict.fromkeys(resource_name(p) for p in table))
+    slices = [name for name, value in limits.items() if name.startswith(MIG_RESOURCE_PREFIX)
+              and (quantity(str(value)) or 0) > 0]
+    for name in slices:
+        if name not in known:
+            raise SpecError(f"{path}.{name}", f"unknown MIG resource; valid: {', '.join(known)}")
+        if quantity(str(limits[name])) != 1:
+            raise SpecError(f"{path}.{name}", f"must be 1, got {limits[name]!r}: a MIG slice is one CUDA device and "
+                                              "a process can use only one; add replicas for more throughput")
+    whole = (quantity(str(limits.get(GPU_RESOURCE, "0"))) or 0) > 0
+    if len(slices) > 1 or (slices and whole):
+        other = slices[1] if len(slices) > 1 else GPU_RESOURCE
+        raise SpecError(f"{path}.{slices[0]}", f"conflicts with {other}: a process can use only one CUDA device "
+                                               "when it is a MIG slice")

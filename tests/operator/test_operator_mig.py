@@ -138,3 +138,46 @@ def test_product_must_be_a_label_value(product: str) -> None:
     with pytest.raises(SpecError, match="not a valid label value") as caught:
         mig.resolve(GpuSpec(product=product))
     assert caught.value.path == "spec.predictor.gpu.product"
+
+
+def _compute(model: dict) -> desired.Desired:
+    return desired.compute(body({"predictor": {"model": {"storageUri": "s3://b/m", **model}}}), {},
+                           config=OperatorConfig(), gateway=False, now="t")
+
+
+@pytest.mark.parametrize("limits", [{"nvidia.com/gpu": 0}, {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.5gb": "0"}])
+def test_zero_gpus_written_in_resources_make_a_cpu_pod(limits: dict) -> None:
+    """Found by a robustness sweep: ``nvidia.com/gpu: 0`` got the GPU toleration and FERRY_INSTANCE_KIND=KIND_GPU,
+    so a CPU pod was scheduled onto tainted GPU nodes and told to run its models on a GPU it does not have."""
+    deployment = _compute({"resources": {"limits": limits}}).applies[0].obj
+    validate_manifest(deployment)
+    pod = deployment["spec"]["template"]["spec"]
+    assert "tolerations" not in pod
+    assert not any(e["name"] == "FERRY_INSTANCE_KIND" for e in pod["containers"][0].get("env", []))
+
+
+@pytest.mark.parametrize(
+    ("limits", "path", "message"),
+    [
+        ({"nvidia.com/mig-9g.99gb": 1}, "nvidia.com/mig-9g.99gb", "unknown MIG resource"),
+        ({"nvidia.com/mig-1g.5gb+me": 1}, "nvidia.com/mig-1g.5gb+me", "unknown MIG resource"),  # written .me
+        ({"nvidia.com/mig-1g.5gb": 2}, "nvidia.com/mig-1g.5gb", "must be 1, got '2'"),
+        ({"nvidia.com/mig-1g.5gb": 1, "nvidia.com/gpu": 1}, "nvidia.com/mig-1g.5gb", "conflicts with nvidia.com/gpu"),
+        ({"nvidia.com/mig-1g.5gb": 1, "nvidia.com/mig-2g.10gb": 1}, "nvidia.com/mig-1g.5gb",
+         "conflicts with nvidia.com/mig-2g.10gb"),
+    ],
+)
+def test_mig_slices_written_in_resources_follow_the_gpu_block_rules(limits: dict, path: str, message: str) -> None:
+    """Found by a robustness sweep: KServe users write MIG slices in resources.limits; a profile no GPU has left the
+    pod Pending forever and two slices (or a slice and a GPU) gave one process devices it cannot use together."""
+    result = _compute({"resources": {"limits": limits}})
+    assert result.applies == ()
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert ready["message"].startswith(f"spec.predictor.model.resources.limits.{path}: {message}")
+
+
+def test_a_known_mig_slice_written_in_resources_is_served() -> None:
+    pod = _compute({"resources": {"limits": {"nvidia.com/mig-1g.10gb.me": 1}}}).applies[0].obj["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb.me": "1"}
+    assert {"name": "FERRY_INSTANCE_KIND", "value": "KIND_GPU"} in pod["containers"][0]["env"]
