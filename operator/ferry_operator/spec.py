@@ -8,6 +8,7 @@ validate) and the cross-field rules, raising :class:`SpecError` with the offendi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ RUNTIMES = ("ferry", "ferry-server", "triton", "tritonserver", "kserve-tritonser
 MIG_STRATEGIES = ("mixed", "single")
 CONTROL_MODES = ("none", "poll", "explicit")
 STORAGE_SCHEMES = ("s3://", "gs://", "http://", "https://", "pvc://", "file://")
+STORAGE_URI = re.compile(r"(s3|gs|https?|pvc|file)://.+|/.*")  # the CRD's storageUri pattern
 UNSUPPORTED_COMPONENTS = ("transformer", "explainer")  # in the CRD for KServe YAML; refused here
 LEGACY_MODEL_FIELD = "triton"  # predictor.triton: KServe's legacy spelling of predictor.model
 LEGACY_OMITS = ("modelFormat", "runtime")  # fields predictor.triton does not have
@@ -181,8 +183,10 @@ def _model(r: specreader.Reader, *, legacy: bool) -> ModelSpec:
     names = specreader.json_names(ModelSpec)
     r.known(tuple(n for n in names if not legacy or n not in LEGACY_OMITS))
     uri = r.opt_str("storageUri")
-    if uri is not None and not (uri.startswith(STORAGE_SCHEMES) or uri.startswith("/")):
-        raise SpecError(f"{r.path}.storageUri", f"unsupported URI {uri!r}: use {', '.join(STORAGE_SCHEMES)}")
+    if r.data.get("storageUri") == "" or (uri is not None and not STORAGE_URI.fullmatch(uri)):
+        # The CRD's pattern, read as the API server (RE2) reads it: "s3://" alone, "" or a line break are refused.
+        raise SpecError(f"{r.path}.storageUri", f"unsupported URI {r.data.get('storageUri')!r}: use "
+                                                f"{', '.join(s + '<location>' for s in STORAGE_SCHEMES)} or /<path>")
     claim = uri[len("pvc://"):].partition("/")[0] if uri is not None and uri.startswith("pvc://") else None
     if claim == "":
         raise SpecError(f"{r.path}.storageUri", f"{uri!r} names no claim (pvc://<claim>/<path>)")

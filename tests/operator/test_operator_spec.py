@@ -100,6 +100,9 @@ def test_admitted_samples_parse(path: Path) -> None:
         ({"model": {}, "scaleMetric": "latency"}, "spec.predictor.scaleMetric", "must be one of"),
         ({"model": {}, "scaleMetric": "cpu", "scaleTarget": 120}, "spec.predictor.scaleTarget", "1..100"),
         ({"model": {"storageUri": "hf://org/model"}}, "spec.predictor.model.storageUri", "unsupported URI"),
+        # The API server reads the CRD pattern with RE2 ('$' is the end of the text): a trailing line break
+        # (a YAML block scalar) is refused there, so here too.
+        ({"model": {"storageUri": "s3://b/m\n"}}, "spec.predictor.model.storageUri", "unsupported URI"),
         ({"model": {"storageUri": "pvc:///x"}}, "spec.predictor.model.storageUri", "names no claim"),
         ({"model": {"runtime": "kserve-torchserve"}}, "spec.predictor.model.runtime", "is not served by Ferry"),
         ({"model": {"protocolVersion": "v1"}}, "spec.predictor.model.protocolVersion", "V2"),
