@@ -21,7 +21,7 @@ from pathlib import Path
 
 from serving_pod import cli_compat, cli_extensions
 from serving_pod.cli_extensions import lowered, number, parse_bool as _bool
-from serving_pod.core.engine import EngineOptions
+from serving_pod.core.engine import REPOSITORY_FAILURE, EngineOptions
 from serving_pod.logging_settings import MAX_VERBOSE_LEVEL
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
 
@@ -308,7 +308,7 @@ def run(options: ServerOptions, *, exit_on_error: bool = True) -> int:
             await server.stop()
             return 1
         for location, error in unusable.items():  # a startup failure: strict readiness stays false
-            server.engine.startup_failures[f"model repository {location}"] = error
+            server.engine.startup_failures[REPOSITORY_FAILURE + location] = error
         await server.wait_for_signal()
         await server.stop()
         return 0

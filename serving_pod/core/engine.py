@@ -40,6 +40,8 @@ from serving_pod.trace import TraceConfig, Tracer
 log = logging.getLogger("ferry.engine")
 
 SERVER_VERSION = "2.51.0"
+#: the prefix of a ``startup_failures`` key naming a repository location that could not be read (``cli.run``)
+REPOSITORY_FAILURE = "model repository "
 #: the extensions this server implements (perf_analyzer needs "statistics").
 EXTENSIONS = [
     "classification",
@@ -191,7 +193,7 @@ class Engine:
         the model is READY); the registry's states say the rest. Triton, started without its repository, never
         becomes live."""
         for key in list(self.startup_failures):
-            location = key.removeprefix("model repository ")
+            location = key.removeprefix(REPOSITORY_FAILURE)
             if location != key:
                 gone = Path(location.removeprefix("file://")).expanduser().is_dir()
             else:
@@ -225,7 +227,14 @@ class Engine:
             return False
         if not self.options.strict_readiness:
             return True
-        return not self.startup_failures and self.registry.all_ready()
+        return not self._unusable_repository() and self.registry.all_ready()
+
+    def _unusable_repository(self) -> bool:
+        """A repository location that could not be read at start-up holds strict readiness back. A model that failed
+        there does only through its state (``ModelRegistry.all_ready``), as Triton 2.51 reads its life cycle's models:
+        with ``--exit-on-error=false`` a config refused at start-up leaves tritonserver ready, a version that failed
+        to load does not."""
+        return any(key.startswith(REPOSITORY_FAILURE) for key in self.startup_failures)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.options.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}

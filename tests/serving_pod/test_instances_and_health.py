@@ -109,6 +109,5 @@ def test_grpc_health_follows_readiness(threaded_server, tmp_path):
         stub = health_pb2_grpc.HealthStub(channel)
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
         write_model(tmp_path, "broken", 'name: "broken"\nbackend: "nope"')
-        server.call(server.engine.registry.poll())
-        server.engine.startup_failures = {"broken": "unable to find backend"}
+        server.call(server.engine.registry.poll())  # its version is UNAVAILABLE: not ready
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
