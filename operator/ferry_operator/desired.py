@@ -81,6 +81,12 @@ def compute(
             raise spec.SpecError(
                 "metadata.name", f"{isvc!r} must be a DNS-1035 label (a-z, 0-9 and '-', starting with a letter)"
             )
+        label = naming.host_label(isvc, namespace, "latest")
+        if gateway and len(label) > naming.MAX_LABEL_LENGTH:
+            # Gateway API admits the route, but no DNS name or certificate can carry such a label.
+            raise spec.SpecError("metadata.name", (
+                f"with namespace {namespace!r}, the route host label {label!r} has {len(label)} characters; a DNS "
+                f"label has at most {naming.MAX_LABEL_LENGTH}: shorten the name or the namespace"))
         parsed = spec.parse(body.get("spec"))
         gpu = mig.resolve(parsed.predictor.gpu)
         mig.check_written(parsed.predictor.model.resources.limits,

@@ -19,6 +19,7 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 COMPONENT = "predictor"
 MAX_NAME_LENGTH = 45  # "<isvc>-predictor-latest" must stay a 63-char DNS label
+MAX_LABEL_LENGTH = 63  # RFC 1123 DNS label
 
 LABEL_ISVC = f"{GROUP}/inferenceservice"
 LABEL_COMPONENT = f"{GROUP}/component"
@@ -46,9 +47,13 @@ def route(isvc: str, tag: str | None = None) -> str:
     return f"{isvc}-{tag}" if tag else isvc
 
 
+def host_label(isvc: str, namespace: str, tag: str | None = None) -> str:
+    """The first DNS label of a route host: ``[<tag>-]<isvc>-<namespace>`` (at most 63 characters to resolve)."""
+    return f"{tag}-{isvc}-{namespace}" if tag else f"{isvc}-{namespace}"
+
+
 def host(isvc: str, namespace: str, domain: str, tag: str | None = None) -> str:
-    base = f"{isvc}-{namespace}.{domain}"
-    return f"{tag}-{base}" if tag else base
+    return f"{host_label(isvc, namespace, tag)}.{domain}"
 
 
 def selector(isvc: str, revision: str | None = None) -> dict[str, str]:

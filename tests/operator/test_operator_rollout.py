@@ -184,3 +184,24 @@ def test_lost_stable_deployment_hands_traffic_to_latest() -> None:
 @pytest.mark.parametrize(("percent", "stable", "expected"), [(10, 9, 1), (50, 4, 4), (25, 3, 1), (90, 1, 9), (0, 5, 1)])
 def test_replica_proportion(percent: int, stable: int, expected: int) -> None:
     assert rollout.canary_replicas(percent, stable, stable, exact_weights=False) == expected
+
+
+def test_a_route_host_label_longer_than_dns_allows_is_refused_in_gateway_mode() -> None:
+    """Found by a robustness sweep: a 45-character name in a long namespace got HTTPRoutes for hosts such as
+    ``latest-<name>-<namespace>.example.com`` whose first label is past 63 characters (Gateway API admits it, no DNS
+    name or certificate can carry it) and was reported Ready with an unreachable URL. KServe fails on it too."""
+    name, namespace = "a" * 45, "team-" + "n" * 10  # latest-<45>-<15>: 68 characters
+    result = desired.compute(body(_spec("s3://b/v1"), name=name, namespace=namespace), {}, config=CONFIG,
+                             gateway=True, now="t")
+    assert result.applies == ()
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert f"'latest-{name}-{namespace}' has 68 characters" in ready["message"]
+    # without Gateway API there are no hosts: the in-cluster address has short labels
+    plain = desired.compute(body(_spec("s3://b/v1"), name=name, namespace=namespace), {}, config=CONFIG,
+                            gateway=False, now="t")
+    assert plain.applies
+    short = desired.compute(body(_spec("s3://b/v1"), name=name, namespace="n" * 10), {}, config=CONFIG,
+                            gateway=True, now="t")
+    route = next(a.obj for a in short.applies if a.obj["kind"] == "HTTPRoute" and a.obj["metadata"]["name"] == f"{name}-latest")
+    assert len(route["spec"]["hostnames"][0].split(".")[0]) == 63
