@@ -130,6 +130,9 @@ def parse(spec: Mapping[str, Any] | None) -> InferenceServiceSpec:
     for name in UNSUPPORTED_COMPONENTS:
         if r.has(name):
             raise SpecError(f"spec.{name}", "is not supported by Ferry: only spec.predictor is served")
+    if r.has("default") and not r.has("predictor"):
+        raise SpecError("spec.default", "is the serving.kubeflow.org/v1alpha2 shape (default/canary): write "
+                                        "spec.predictor (v1beta1), with canaryTrafficPercent inside it")
     r.known(("predictor", *UNSUPPORTED_COMPONENTS))
     return InferenceServiceSpec(predictor=_predictor(r.child("predictor", required=True)))
 

@@ -168,6 +168,15 @@ def test_errors_name_the_field(predictor: dict[str, Any], path: str, message: st
     assert message in str(caught.value)
 
 
+def test_the_v1alpha2_shape_is_named() -> None:
+    """Found by a robustness sweep: KFServing's ``spec.default`` + ``spec.canaryTrafficPercent`` was reported as
+    "spec.canaryTrafficPercent: unknown field", which does not say what to change."""
+    old_shape = {"default": {"predictor": {"triton": {"storageUri": "s3://b/m"}}}, "canaryTrafficPercent": 10}
+    with pytest.raises(spec.SpecError, match="v1alpha2 shape.*write spec.predictor") as caught:
+        spec.parse(old_shape)
+    assert caught.value.path == "spec.default"
+
+
 def test_unsupported_components() -> None:
     with pytest.raises(spec.SpecError, match="spec.transformer: is not supported by Ferry"):
         spec.parse({"predictor": {"model": {}}, "transformer": {"containers": []}})
