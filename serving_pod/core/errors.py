@@ -18,7 +18,8 @@ class ServerError(Exception):
 
     code: ClassVar[str] = "INTERNAL"
     #: the engine refused the request before it was queued: no model could be had for it, or it did not suit the
-    #: model (``Engine._admit``). BLS calls and the generate routes word such errors as Triton does.
+    #: model (``Engine._admit``), or its scheduler would not queue it (``not_enqueued``). BLS calls, the generate
+    #: routes and gRPC streams answer such errors as Triton does.
     refused_before_queue: bool = False
     #: a model answered its request with this error (a python model's ``InferenceResponse(error=...)``): the
     #: execution succeeded, and Triton counts the request a success in its statistics
@@ -86,6 +87,15 @@ def rejected_from_queue(message: str) -> UnavailableError:
     """An UNAVAILABLE answer to a request its scheduler had queued and dropped unrun (``ServerError.from_queue``)."""
     error = UnavailableError(message)
     error.from_queue = True
+    return error
+
+
+def not_enqueued(error: ServerError) -> ServerError:
+    """``error`` marked ``refused_before_queue``: a scheduler would not take the request into its queue (a full
+    queue, a sequence request without a correlation id or START). Triton's scheduler ``Enqueue`` returns such an
+    error, so ``TRITONSERVER_ServerInferAsync`` fails as for a request refused before its model: on a gRPC stream
+    it is named by its id alone and does not end a ``triton_grpc_error`` stream."""
+    error.refused_before_queue = True
     return error
 
 

@@ -89,6 +89,9 @@ def step_error(ensemble: str, error: ServerError, unreleased: bool = False) -> S
     wrapped = copy.copy(error)  # a nested ensemble's step error reads "in ensemble 'outer', in ensemble 'inner', ..."
     wrapped.message = f"in ensemble '{ensemble}', " + error.message
     wrapped.args = (wrapped.message,)
+    # the ensemble's own request was queued: a step refused before its queue is an error response of the ensemble
+    # (Triton: on a gRPC stream named by the ensemble and its final flag; ``triton_grpc_error`` ends the stream)
+    wrapped.refused_before_queue = False
     setattr(wrapped, _UNRELEASED, unreleased)
     return wrapped
 

@@ -8,7 +8,7 @@ in service order (``walk``), then takes the batch off the front (``pop``). Seman
 - each level has its policy (``priority_queue_policy[level]`` or ``default_queue_policy``; without
   ``priority_levels`` the ``priority_queue_policy`` entries are ignored, as Triton ignores them):
   ``max_queue_size`` (0 = unlimited; full -> "[request id: <id>] Exceeds maximum queue size" at once, not
-  charged to any statistic, as in Triton),
+  charged to any statistic, refused as before the queue (``not_enqueued``), as in Triton),
   ``default_timeout_microseconds`` counted from enqueue (0: none), ``allow_timeout_override`` (the
   request's ``timeout`` parameter, in microseconds, may only shorten a non-zero default), and ``timeout_action``: REJECT answers an expired
   request with "Request timeout expired"; DELAY moves it behind the level's unexpired requests;
@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving_pod.core.errors import InvalidArgumentError, UnavailableError
+from serving_pod.core.errors import InvalidArgumentError, UnavailableError, not_enqueued
 from serving_pod.core.validation import prefix
 
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -142,7 +142,7 @@ class PriorityQueue:
         """Append ``entry`` to ``level``; UnavailableError when the level is full."""
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
-            raise UnavailableError(prefix(entry.request) + QUEUE_FULL)
+            raise not_enqueued(UnavailableError(prefix(entry.request) + QUEUE_FULL))
         if policy.may_expire:
             entry.deadline_ns = policy.deadline(entry.enqueue_ns, request_timeout_us(parameters))
         level.queue.append(entry)

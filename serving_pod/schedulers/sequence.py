@@ -71,6 +71,7 @@ from serving_pod.core.errors import (
     InvalidArgumentError,
     ServerError,
     UnavailableError,
+    not_enqueued,
     rejected_from_queue,
 )
 from serving_pod.core.types import InferRequest, InferResponse
@@ -159,23 +160,26 @@ class SequenceScheduler:
         if self._closing:
             raise UnavailableError(f"model '{request.model_name}' is unloading")
         spec = self.spec
-        key, start, end = spec.sequence_of(request.parameters)
+        try:
+            key, start, end = spec.sequence_of(request.parameters)
+        except ServerError as error:
+            raise not_enqueued(error)
         if not key:  # an iterative sequence of its own
             key = next(self._iteration_ids)
             while key in self._active:  # a client's id in use: Triton would mix the two sequences
                 key = next(self._iteration_ids)
             request = _with_flags(request, key, True, False)
         if spec.batching and request.inputs and request.inputs[0].data.shape[0] != 1:
-            raise InvalidArgumentError(
+            raise not_enqueued(InvalidArgumentError(
                 f"inference request to model '{request.model_name}' must specify batch-size 1 due to "
                 "requirements of sequence batcher"
-            )
+            ))
         self._ensure_started()
         now = self.clock()
         sequence = self._active.get(key)
         if sequence is None:
             if not start:
-                raise InvalidArgumentError(self._no_start_message(key))
+                raise not_enqueued(InvalidArgumentError(self._no_start_message(key)))
             sequence = self._active[key] = _Sequence(key, now)
             self._place(sequence)
         elif start:

@@ -48,7 +48,19 @@ from support.server import DEFAULT_MODELS, ServerThread, make_options
 from support.triton import running_triton
 
 DECOUPLED = Path(__file__).resolve().parents[1] / "data" / "decoupled"
-MODELS = ("add_sub_py", "dec_counter", "params_echo", "py_error_response")
+MODELS = ("add_sub_py", "dec_counter", "params_echo", "py_error_response", "add_sub_seq", "add_sub_ensemble")
+
+#: add_sub_py's steps through an ensemble whose inputs take any length (add_sub_py refuses all but 4)
+ENSEMBLE = """
+name: "add_sub_ensemble"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub_py" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" } } ] }
+"""
 F4 = np.arange(4, dtype=np.float32).tobytes()
 
 
@@ -58,6 +70,13 @@ def _repository(root: Path) -> Path:
     shutil.copytree(PYTHON_MODELS / "py_error_response", root / "py_error_response")
     for name in ("dec_counter", "params_echo"):
         shutil.copytree(DECOUPLED / name, root / name)
+    # add_sub_py under the sequence batcher (no control inputs)
+    shutil.copytree(DEFAULT_MODELS / "add_sub_py", root / "add_sub_seq")
+    config = (root / "add_sub_seq" / "config.pbtxt").read_text()
+    (root / "add_sub_seq" / "config.pbtxt").write_text(
+        config.replace('name: "add_sub_py"', 'name: "add_sub_seq"') + "sequence_batching { }\n")
+    (root / "add_sub_ensemble" / "1").mkdir(parents=True)
+    (root / "add_sub_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     return root
 
 
@@ -119,6 +138,13 @@ def _count(count: int, mode: str = "", **params: tuple[str, Any]) -> Any:
         params["mode"] = ("string_param", mode)
     return _request("dec_counter", inputs=(("COUNT", "INT32", [1]),), raw=(np.array([count], np.int32).tobytes(),),
                     params=params, request_id="c")
+
+
+def _ensemble(request_id: str) -> Any:
+    """A request to add_sub_ensemble whose A has 3 elements: its step, add_sub_py, refuses it (only it: Triton names
+    either of two bad inputs)."""
+    return _request("add_sub_ensemble", inputs=(("A", "FP32", [3]), ("B", "FP32", [4])),
+                    raw=(np.arange(3, dtype=np.float32).tobytes(), F4), request_id=request_id)
 
 
 def _unset(message: Any, key: str) -> Any:
@@ -226,6 +252,9 @@ def _counted(value: str) -> dict[str, Any]:
 NO_DATA = "unable to find data for input tensor 'INPUT1' for model 'add_sub_py' in request."
 UNKNOWN = "Request for unknown model: 'nope' is not found"
 GRPC_ERROR = (("triton_grpc_error", "true"),)
+NO_ID = "inference request to model 'add_sub_seq' must specify a non-zero or non-empty correlation ID"
+STEP_SHAPE = ("in ensemble 'add_sub_ensemble', [request id: e] unexpected shape for input 'INPUT0' for model "
+              "'add_sub_py'. Expected [4], got [3]. ")
 
 #: case -> (what it sends, Triton 2.51's answer)
 CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
@@ -328,6 +357,24 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
             {"errorMessage": "invalid value type for 'triton_enable_empty_final_response' parameter, "
                              "expected bool_param.", "inferResponse": {"id": "c"}},
             ("end", "OK")]),
+    # a request its scheduler will not queue (Triton's Enqueue returns the error) is refused as before the model:
+    # named by its id alone, and the stream goes on even with triton_grpc_error
+    "stream: a sequence request without an id": (_stream(_request("add_sub_seq", request_id="1"),
+                                                        _request(request_id="2")), [
+        {"errorMessage": NO_ID, "inferResponse": {"id": "1"}},
+        {"inferResponse": {**_sum_and_difference(), "id": "2", "parameters": _final(True)}},
+        ("end", "OK")]),
+    "stream: a sequence request without START": (
+        _stream(_request("add_sub_seq", request_id="1", params={"sequence_id": ("int64_param", 9)})), [
+            {"errorMessage": "inference request for sequence 9 to model 'add_sub_seq' must specify the START flag "
+                             "on the first request of the sequence", "inferResponse": {"id": "1"}},
+            ("end", "OK")]),
+    # an ensemble's step refused before its model: an error response of the ensemble's request, which was queued
+    "stream: an ensemble step refused": (_stream(_ensemble(request_id="e"), _request(request_id="2")), [
+        {"errorMessage": STEP_SHAPE, "inferResponse": {"modelName": "add_sub_ensemble", "id": "e",
+                                                       "parameters": _final(True)}},
+        {"inferResponse": {**_sum_and_difference(), "id": "2", "parameters": _final(True)}},
+        ("end", "OK")]),
     "stream: an error response between two": (_stream(_count(2, "error_between")), [
         _counted("AAAAAA=="),
         {"errorMessage": "an error between two responses",
@@ -353,6 +400,13 @@ CASES: dict[str, tuple[Callable[[Any], Any], Any]] = {
         ("end", "INVALID_ARGUMENT", "negative input is not allowed")]),
     "triton_grpc_error: an error response between two": (_stream(_count(2, "error_between"), metadata=GRPC_ERROR), [
         _counted("AAAAAA=="), ("end", "INTERNAL", "an error between two responses")]),
+    "triton_grpc_error: a sequence request without an id": (
+        _stream(_request("add_sub_seq", request_id="1"), _request(request_id="2"), metadata=GRPC_ERROR), [
+            {"errorMessage": NO_ID, "inferResponse": {"id": "1"}},
+            {"inferResponse": {**_sum_and_difference(), "id": "2", "parameters": _final(True)}},
+            ("end", "OK")]),
+    "triton_grpc_error: an ensemble step refused": (_stream(_ensemble(request_id="e"), metadata=GRPC_ERROR), [
+        ("end", "INVALID_ARGUMENT", STEP_SHAPE)]),
     "triton_grpc_error: an unknown model": (_stream(_request("nope", request_id="1"), metadata=GRPC_ERROR), [
         {"errorMessage": UNKNOWN, "inferResponse": {"id": "1"}}, ("end", "OK")]),
     # model control naming a repository: Triton serves one merged repository and refuses the name before reading
@@ -440,7 +494,7 @@ def test_a_stream_ends_at_a_message_that_does_not_parse(ferry_port: int) -> None
 
 #: the case after which Triton 2.51 crashes now and then (the stream is finished on the error, the model's next
 #: response then takes the server down): asked last
-TRITON_CRASHES = ("triton_grpc_error: an error response between two",)
+TRITON_CRASHES = ("triton_grpc_error: an error response between two", "triton_grpc_error: an ensemble step refused")
 
 
 @pytest.mark.slow  # a live Triton

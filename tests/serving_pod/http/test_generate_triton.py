@@ -16,7 +16,10 @@ Ferry answers a few cases otherwise on purpose (``KEPT``, with what Triton answe
   no way to ask for binary outputs, so such a model cannot answer at all. Ferry writes them as numbers, as its
   ``/infer`` JSON does;
 - Triton writes NaN and infinities as ``NaN`` / ``Infinity`` and BYTES outputs as their raw bytes, neither of
-  which is JSON: Ferry writes ``null`` and replaces bytes that are not UTF-8.
+  which is JSON: Ferry writes ``null`` and replaces bytes that are not UTF-8;
+- ``sequence_id`` in a body (a side-by-side sweep, recorded live, not in the tables): Triton 2.51 never reads it as
+  the correlation id, so a sequence model refuses every generate request ("... must specify a non-zero or
+  non-empty correlation ID"); Ferry reads ``sequence_id``/``sequence_start``/``sequence_end`` as ``/infer`` does.
 
 Nested arrays are read as Triton reads them: their elements in order, the shape from the outer array's length
 (``[["hi"]]`` for a ``[1]`` input, ``[[1], [2]]`` for ``[-1]``); a key written twice in the body is read twice.

@@ -392,6 +392,21 @@ async def test_max_queue_size_rejects_at_once() -> None:
     assert stats.failures["REJECTED"] == 0 and stats.fail.count == 0 and stats.success.count == 3
 
 
+async def test_a_full_queue_refuses_before_queuing() -> None:
+    """Triton's scheduler ``Enqueue`` returns the full-queue error, so ``TRITONSERVER_ServerInferAsync`` fails as for
+    a request refused before its model (recorded live from Triton 2.51): on a gRPC stream the error is named by the
+    request's id alone and does not end a ``triton_grpc_error`` stream; a BLS call reads 'Model q - Error when running
+    inference: ...'; generate_stream answers it as a JSON error (503). The adapters read ``refused_before_queue``."""
+    scheduler, instances, stats = make("default_queue_policy { max_queue_size: 1 }", max_batch=1, delay_ms=200)
+    first = await start_busy(scheduler, instances)
+    queued = asyncio.ensure_future(scheduler.submit(request(1)))
+    await until(lambda: scheduler.pending() == 1)
+    with pytest.raises(UnavailableError, match="Exceeds maximum queue size") as refused:
+        await scheduler.submit(request(9))
+    assert refused.value.refused_before_queue
+    await asyncio.gather(first, queued)
+
+
 async def test_queue_size_is_per_priority_level() -> None:
     scheduler, instances, stats = make(
         "priority_levels: 2 default_priority_level: 2 "
