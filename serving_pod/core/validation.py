@@ -119,7 +119,8 @@ def _count_error(model: Model, request: InferRequest, inputs: list[Tensor]) -> I
     missing = [name for name in model.inputs if name in model.required_inputs and name not in sent]
     total, required = len(model.inputs), len(model.required_inputs)
     expected = f"{total} inputs" if total == required else f"number of inputs between {required} and {total}"
-    # Triton writes "missing required input(s) ]" when none is missing (it drops the "[" of an empty list)
+    # Triton writes "missing required input(s) ]" when none is missing (it drops the "[" of an empty list); Ferry
+    # writes "[]" on purpose (tests/serving_pod/core/test_validation_triton.py, FERRY_ONLY)
     return InvalidArgumentError(
         f"{prefix(request)}expected {expected} but got {len(sent)} inputs for model '{model.name}'. Got input(s) "
         f"{_names(sent)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
