@@ -38,6 +38,7 @@ import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 from support.cli import cli_options, refusal
+from support.python_models import IDENTITY_MODEL, INITIALIZE_RAISES
 from support.server import free_ports
 from support.triton import triton_or_skip, triton_repositories
 
@@ -55,23 +56,8 @@ input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
-GOOD = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
-            r, "INPUT0").as_numpy())]) for r in requests]
-"""
-BAD = """
-class TritonPythonModel:
-    def initialize(self, args):
-        raise RuntimeError("bad model refuses to start")
-
-    def execute(self, requests):
-        return []
-"""
+GOOD = IDENTITY_MODEL
+BAD = INITIALIZE_RAISES.format(error='RuntimeError("bad model refuses to start")')
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,28 @@ class TritonPythonModel:
 '''
 
 
+#: a python model that answers each request's ``INPUT0`` as its ``OUTPUT0``
+IDENTITY_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            request, "INPUT0").as_numpy())]) for request in requests]
+'''
+
+#: a python model whose ``initialize`` raises ``{error}`` (``str.format`` it with an exception expression)
+INITIALIZE_RAISES = '''
+class TritonPythonModel:
+    def initialize(self, args):
+        raise {error}
+
+    def execute(self, requests):
+        return []
+'''
+
+
 def execution_mode(mode: str) -> str:
     """The config parameter that puts a model's executions on its thread, on the loop thread, or lets Ferry choose."""
     return f'parameters {{ key: "ferry_execution_mode" value {{ string_value: "{mode}" }} }}'

@@ -45,25 +45,11 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from support.python_models import IDENTITY_MODEL, INITIALIZE_RAISES
 from support.server import ensemble_config, write_model
 
-_PY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
-            request, "INPUT0").as_numpy())]) for request in requests]
-'''
-_RAISES = '''
-class TritonPythonModel:
-    def initialize(self, args):
-        raise ValueError("boom")
-
-    def execute(self, requests):
-        return []
-'''
+_PY = IDENTITY_MODEL
+_RAISES = INITIALIZE_RAISES.format(error='ValueError("boom")')
 _IO = ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
 

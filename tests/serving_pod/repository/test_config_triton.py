@@ -48,17 +48,10 @@ import pytest
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from support.python_models import IDENTITY_MODEL
 from support.server import ServerThread, make_options
 
-PY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
-            request, "INPUT0").as_numpy())]) for request in requests]
-'''
+PY = IDENTITY_MODEL
 
 #: a python model whose ``auto_complete_config`` runs the given lines
 AUTO_COMPLETE = '''
