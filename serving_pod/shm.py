@@ -14,6 +14,10 @@ Security rules (Triton has shipped bugs in each of these):
   registering gets an error instead of crashing the server with SIGBUS);
 - inputs are copied out of the region, so no view into client memory outlives the request.
 
+A region an admitted request reads or writes is held (``hold`` / ``release``) until the request's last response:
+unregistering it meanwhile is refused in tritonserver 2.51's words (INTERNAL), so the request still finds its
+output region; unregistering every region drops the idle ones and names the held ones.
+
 CUDA regions need ``cuda-python`` (see :mod:`serving_pod.cuda_shm`); without it registering
 one is UNSUPPORTED with a message that says so.
 """
@@ -29,6 +33,7 @@ from typing import Any, Protocol
 from serving_pod.core import datatypes
 from serving_pod.core.errors import (
     AlreadyExistsError,
+    InternalError,
     InvalidArgumentError,
     NotFoundError,
     UnsupportedError,
@@ -142,6 +147,25 @@ class SharedMemoryManager:
     def __init__(self, *, allow: bool) -> None:
         self.allow = allow
         self.regions: dict[str, Region] = {}
+        #: region name -> how many admitted requests hold it (module docstring)
+        self._users: dict[str, int] = {}
+
+    def hold(self, names: list[str]) -> None:
+        """Mark the regions ``names`` (one entry per use) as used by a request until ``release(names)``."""
+        for name in names:
+            self._users[name] = self._users.get(name, 0) + 1
+
+    def in_use(self, name: str) -> bool:
+        """Whether an admitted request holds the region ``name``."""
+        return name in self._users
+
+    def release(self, names: list[str]) -> None:
+        for name in names:
+            left = self._users[name] - 1
+            if left:
+                self._users[name] = left
+            else:
+                del self._users[name]
 
     def require_allowed(self) -> None:
         if not self.allow:
@@ -173,18 +197,28 @@ class SharedMemoryManager:
         self.regions[name] = CudaRegion(name, raw_handle, device_id, byte_size)
 
     def unregister(self, kind: str, name: str = "") -> None:
-        """Unregister one region (unknown names are a no-op, as in Triton) or every region of ``kind``."""
+        """Unregister one region (unknown names are a no-op, as in Triton) or every region of ``kind``; one a
+        request holds stays (module docstring), refused as tritonserver refuses it."""
         self.require_allowed()
-        names = [name] if name else [n for n, r in self.regions.items() if r.kind == kind]
+        names = [name] if name else sorted(n for n, r in self.regions.items() if r.kind == kind)
+        busy = []
         for region_name in names:
             region = self.regions.get(region_name)
             if region is not None and region.kind == kind:
+                if region_name in self._users:
+                    busy.append(region_name)
+                    continue
                 del self.regions[region_name]
                 region.close()
+        if busy and name:
+            raise InternalError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        if busy:  # Triton's words: its map's (sorted) order, each name followed by " ,"
+            raise InternalError(f"Failed to unregister the following {'cuda' if kind == CUDA else 'system'} shared "
+                                f"memory regions: {''.join(n + ' ,' for n in busy)}")
 
     def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        if not name:
-            return [r.status() for r in self.regions.values() if r.kind == kind]
+        if not name:  # by name, as Triton's map lists them
+            return [r.status() for _, r in sorted(self.regions.items()) if r.kind == kind]
         region = self.regions.get(name)
         label = "cuda" if kind == CUDA else "system"
         if region is None:
@@ -217,14 +251,18 @@ class SharedMemoryManager:
         return region
 
     def read_inputs(self, request: InferRequest) -> None:
-        """Replace every shared-memory input's placeholder with the bytes from its region."""
+        """Replace every shared-memory input's placeholder with the bytes from its region. Bytes that do not fit
+        the shape (a byte size, malformed BYTES) leave the placeholder and a defect, which the model's validation
+        refuses after its other checks in the core's words, as it does binary data (Triton's order and words)."""
         for tensor in request.inputs:
             params = tensor.parameters
             if "shared_memory_region" not in params:
                 continue
             placement = placement_of(params, f"input '{tensor.name}'")
             raw = self.locate(placement).read(placement.offset, placement.byte_size)
-            tensor.data = datatypes.from_raw(tensor.datatype, tensor.data.shape, raw, f"input '{tensor.name}'")
+            tensor.data, defect = datatypes.decode_raw(tensor.datatype, tensor.data.shape, raw)
+            if defect is not None:
+                tensor.defect = defect
 
     def output_targets(self, outputs: list[RequestedOutput]) -> dict[str, Placement] | None:
         """Shared-memory placements of the requested outputs (checked now, before inference)."""

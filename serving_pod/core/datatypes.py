@@ -215,27 +215,6 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def from_raw(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview, what: str) -> np.ndarray:
-    """Raw little-endian bytes -> numpy array of ``shape``; sizes are checked, not trusted.
-
-    ``what`` names the tensor in errors (e.g. ``input 'INPUT0'``).
-    """
-    count = element_count(shape)
-    if datatype == "BYTES":
-        try:
-            return deserialize_bytes(raw, count).reshape(shape)
-        except InvalidArgumentError as error:  # name the tensor, as Triton does (on the error branch only)
-            raise InvalidArgumentError(f"{what}: {error.message}") from None
-    dtype = numpy_dtype(datatype)
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise InvalidArgumentError(
-            f"{what}: expected {expected} bytes of {datatype} data for shape "
-            f"{list(shape)}, got {len(raw)}"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
 #: the 0-d zero each ``placeholder`` of a numpy dtype broadcasts: ``is_placeholder`` knows them by it
 _PLACEHOLDER_BASES: dict[np.dtype, np.ndarray] = {}
 

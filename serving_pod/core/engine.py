@@ -267,20 +267,24 @@ class Engine:
         model, plan, trace = self._admit(request)
         latency = model.stats.latency  # the first (and only) response, success or error: Triton's histogram
         try:
-            response = await self._submit(model, request)
-        except ServerError:
+            try:
+                response = await self._submit(model, request)
+            except ServerError:
+                if latency is not None:
+                    latency.responded(time.monotonic_ns() - request.arrival_ns)
+                if trace is not None:
+                    self.tracer.finish(trace)
+                raise
             if latency is not None:
                 latency.responded(time.monotonic_ns() - request.arrival_ns)
             if trace is not None:
-                self.tracer.finish(trace)
-            raise
-        if latency is not None:
-            latency.responded(time.monotonic_ns() - request.arrival_ns)
-        if trace is not None:
-            self.tracer.finish(trace, response)
-        if response is not None and plan is not None:
-            outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)
-        return response
+                self.tracer.finish(trace, response)
+            if response is not None and plan is not None:
+                outputs.finish(response, plan, model, labels=self.labels, shm=self.shm)
+            return response
+        finally:
+            if request.shm_held is not None:
+                self._release_shm(request)
 
     def _admit(self, request: InferRequest) -> tuple[Any, outputs.OutputPlan | None, Any]:
         """The model, output plan and trace of a request; refuses it (stats charged) when invalid."""
@@ -304,12 +308,17 @@ class Engine:
         plan = None
         # a request refused here never reaches the model's scheduler: as in tritonserver, no statistic counts it
         # (nv_inference_request_failure stays as it was; "REJECTED" counts the scheduler's rejections)
+        held = None  # the shared memory regions the request uses, held once it is admitted (``shm`` docstring)
         for tensor in request.inputs:
             if tensor.parameters and "shared_memory_region" in tensor.parameters:
                 self.shm.read_inputs(request)  # before validation: it gives the tensors their data
+                held = [t.parameters["shared_memory_region"] for t in request.inputs
+                        if t.parameters and "shared_memory_region" in t.parameters]
                 break
         if request.outputs:
             plan = outputs.plan_outputs(request.outputs, self.shm)
+            if plan.shm_targets:
+                held = (held or []) + [placement.region for placement in plan.shm_targets.values()]
         model.validate(request)
         # request.trace: an ensemble step's parent trace until here, then the request's own (schedulers stamp it);
         # a request refused above is not traced
@@ -322,7 +331,16 @@ class Engine:
         request.model_version = model.version_str
         if request.cancelled is None:
             request.cancelled = CancelFlag()
+        if held:
+            self.shm.hold(held)
+            request.shm_held = held
         return model, plan, trace
+
+    def _release_shm(self, request: InferRequest) -> None:
+        """The request has answered: the regions it held may be unregistered again."""
+        held, request.shm_held = request.shm_held, None
+        if held:
+            self.shm.release(held)
 
     async def _submit(self, model: Any, request: InferRequest) -> InferResponse:
         """Hand an admitted request to its model's scheduler, counting it in flight."""
@@ -413,6 +431,8 @@ class Engine:
                 request.cancelled.set()  # the consumer went away before the final response
             if not task.done():
                 task.cancel()
+            if request.shm_held is not None:
+                self._release_shm(request)
 
     async def _execute_decoupled(self, model: Any, request: InferRequest, trace: Any) -> None:
         try:

@@ -72,6 +72,9 @@ class InferRequest:
     #: monotonic ns at which the engine handed the admitted request to its model's scheduler, where Triton's queue
     #: time starts (its ``QueueStartNs``: after the request was validated); 0: ``arrival_ns`` stands for it
     queue_start_ns: int = 0
+    #: names of the shared memory regions the admitted request reads or writes, held (``shm.hold``) until its last
+    #: response: None when it uses none
+    shm_held: list[str] | None = None
 
 
 @dataclass(slots=True)

@@ -2,6 +2,11 @@
 
 A ``ferry_test`` identity model whose output has ``label_filename``; tritonclient's
 ``InferRequestedOutput(class_count=N)`` over HTTP and gRPC must return the same BYTES tensor Triton would.
+
+Not compared (a side-by-side sweep, recorded live): tritonserver 2.51 crashes (SIGSEGV) on a classification of a
+BYTES output, and on one of a zero-element output answered as HTTP JSON; Ferry refuses the first with the words it
+gives BOOL, FP16 and BF16 ("class result not available for output due to unsupported type 'BYTES'") and answers the
+second with an empty BYTES tensor, as Triton answers it over gRPC.
 """
 
 from __future__ import annotations

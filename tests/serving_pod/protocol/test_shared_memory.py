@@ -8,9 +8,11 @@ answers once different from Triton 2.51's (found and compared in ``test_shared_m
 from __future__ import annotations
 
 import base64
-
+import threading
+import time
 import uuid
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as shm
@@ -19,12 +21,16 @@ from tritonclient.utils import InferenceServerException
 from support.server import test_model_config, write_model
 
 PROTOCOLS = ["http", "grpc"]
+SLOW = 'parameters { key: "execute_delay_ms" value { string_value: "1000" } }'
 
 
 @pytest.fixture
 def server(threaded_server, tmp_path):
     write_model(tmp_path, "idt", test_model_config("idt"))
     write_model(tmp_path, "idt_int", test_model_config("idt_int", datatype="TYPE_INT32", dims="[ 16 ]"))
+    write_model(tmp_path, "slow", test_model_config("slow", extra=SLOW))
+    write_model(tmp_path, "idt_text",
+                test_model_config("idt_text", datatype="TYPE_STRING", dims="[ -1 ]", max_batch_size=0))
     return threaded_server([tmp_path], allow_client_shm=True)
 
 
@@ -411,3 +417,127 @@ def test_http_output_in_shared_memory_with_any_classification_is_refused(server,
     response = httpx.post(f"http://{server.http_url}/v2/models/idt_int/infer", json=body)
     assert (response.status_code, response.json()) == (
         400, {"error": "Output can't set both 'shared_memory_region' and 'classification'"})
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(("size", "words"), [
+    (16, "input byte size mismatch for input 'INPUT0' for model 'idt'. Expected 32, got 16"),
+    (48, "input byte size mismatch for input 'INPUT0' for model 'idt'. Expected 32, got 48"),
+])
+def test_input_bytes_that_do_not_fit_the_shape_are_refused_in_tritons_words(server, regions, protocol, size, words):
+    """tritonserver 2.51 refuses a region's bytes that do not fit the input's shape as it refuses binary data: its
+    core's words, after the model's other checks (recorded live by a side-by-side sweep). Ferry answered
+    "input 'INPUT0': expected 32 bytes of FP32 data for shape [2, 4], got 16"."""
+    client, module = server.client(protocol), server.module(protocol)
+    region = regions("in0", 64)
+    shm.set_shared_memory_region(region, [np.arange(16, dtype=np.float32)])
+    client.register_system_shared_memory("in0", _key(region), 64)
+    try:
+        infer_input = module.InferInput("INPUT0", [2, 4], "FP32")
+        infer_input.set_shared_memory("in0", size)
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("idt", [infer_input])
+        assert raised.value.message() == f"[request id: <id_unknown>] {words}"
+        assert raised.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    finally:
+        client.unregister_system_shared_memory()
+
+
+def test_bytes_input_that_is_malformed_is_refused_in_tritons_words(server, regions):
+    """Malformed BYTES data in a region: the words tritonserver 2.51 gives (recorded live), as for binary data."""
+    client = server.client("http")
+    region = regions("text", 32)
+    strings = b"".join(len(item).to_bytes(4, "little") + item for item in (b"ab", b"", b"xyz")) + b"\0" * 3
+    shm.set_shared_memory_region(region, [np.frombuffer(strings, dtype=np.uint8)])
+    client.register_system_shared_memory("text", _key(region), 32)
+    cases = {  # (shape, byte size) -> Triton's words
+        (3, 15): "incomplete string data for inference input 'INPUT0', expecting string of length 3 but only 1 bytes "
+                 "available",
+        (2, 17): "[request id: <id_unknown>] unexpected number of string elements 3 for inference input 'INPUT0' for "
+                 "model 'idt_text', expecting 2",
+        (3, 20): "[request id: <id_unknown>] incomplete string length indicator for inference input 'INPUT0' for model "
+                 "'idt_text', expecting 4 bytes but only 3 bytes available. Please make sure the string length "
+                 "indicator is in one buffer.",
+    }
+    answers = {}
+    for (count, size), _ in cases.items():
+        body = {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [count], "parameters": {
+            "shared_memory_region": "text", "shared_memory_byte_size": size}}]}
+        response = httpx.post(f"http://{server.http_url}/v2/models/idt_text/infer", json=body, timeout=30)
+        answers[(count, size)] = (response.status_code, response.json()["error"])
+    client.unregister_system_shared_memory()
+    assert answers == {case: (400, words) for case, words in cases.items()}
+
+
+def _in_flight(server, protocol, regions):
+    """A request of the slow model reading region 'in0' and writing 'out0', started in a thread once both are
+    registered; returns the thread and its outcome (set when it ends), after the engine holds both regions."""
+    client, module = server.client(protocol), server.module(protocol)
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    source, target = regions("in0", 32), regions("out0", 32)
+    shm.set_shared_memory_region(source, [data])
+    client.register_system_shared_memory("in0", _key(source), 32)
+    client.register_system_shared_memory("out0", _key(target), 32)
+    infer_input = module.InferInput("INPUT0", [2, 4], "FP32")
+    infer_input.set_shared_memory("in0", 32)
+    output = module.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory("out0", 32)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = server.client(protocol).infer("slow", [infer_input], outputs=[output])
+        except InferenceServerException as error:
+            outcome["error"] = error.message()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (server.engine.shm.in_use("in0") and server.engine.shm.in_use("out0")):
+        assert "error" not in outcome and time.monotonic() < deadline, outcome
+        time.sleep(0.01)
+    return thread, outcome, target, data
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("name", ["in0", "out0", ""])
+def test_a_region_in_use_is_not_unregistered(server, regions, protocol, name):
+    """tritonserver 2.51 (recorded live): unregistering a region an admitted request reads or writes is refused
+    (500 / INTERNAL, "Cannot unregister shared memory region 'in0', it is currently in use."); unregistering every
+    region drops the idle ones and names the busy ones in its map's order. The request then ends as if nothing had
+    happened, and the regions stay registered. Ferry unregistered them: the request failed with 404 / NOT_FOUND
+    "Unable to find shared memory region: 'out0'" and its output was lost."""
+    client = server.client(protocol)
+    idle = regions("idle", 8)
+    client.register_system_shared_memory("idle", _key(idle), 8)
+    thread, outcome, target, data = _in_flight(server, protocol, regions)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.unregister_system_shared_memory(name)
+        names = sorted(r["name"] for r in client.get_system_shared_memory_status()) if protocol == "http" else \
+            sorted(client.get_system_shared_memory_status().regions)
+    finally:
+        thread.join()
+    words = (f"Cannot unregister shared memory region '{name}', it is currently in use." if name else
+             "Failed to unregister the following system shared memory regions: in0 ,out0 ,")
+    assert (raised.value.status(), raised.value.message()) == (
+        "500" if protocol == "http" else "StatusCode.INTERNAL", words)
+    assert names == (["idle", "in0", "out0"] if name else ["in0", "out0"])
+    assert "result" in outcome, outcome
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(target, np.float32, [2, 4]), data)
+    assert not server.engine.shm.in_use("in0") and not server.engine.shm.in_use("out0")
+    client.unregister_system_shared_memory()  # released with the request's answer
+    assert len(client.get_system_shared_memory_status()) == 0 if protocol == "http" else \
+        not client.get_system_shared_memory_status().regions
+
+
+def test_status_lists_regions_by_name(server, regions):
+    """tritonserver 2.51 lists the regions in its map's order, by name (recorded live); Ferry listed them in the
+    order they were registered."""
+    client = server.client("http")
+    for name in ("b", "c", "a"):
+        client.register_system_shared_memory(name, _key(regions(name, 8)), 8)
+    try:
+        assert [r["name"] for r in client.get_system_shared_memory_status()] == ["a", "b", "c"]
+    finally:
+        client.unregister_system_shared_memory()

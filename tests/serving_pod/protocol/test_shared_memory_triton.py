@@ -6,8 +6,9 @@ must be the same. Skipped with the installer's reason where Triton cannot be had
 Ferry answers on purpose otherwise (see ``test_shared_memory.py`` and ``security/test_shm_security.py``):
 JSON parameters of the wrong type, an output region too small and a key that does not exist (Triton:
 500 / INTERNAL, Ferry: 400 / INVALID_ARGUMENT); one key under two names (Triton refuses with INTERNAL
-"Invalid shared memory region", Ferry maps each name on its own, every access bounds-checked); the words
-of size mismatches and of malformed BYTES data.
+"Invalid shared memory region", Ferry maps each name on its own, every access bounds-checked). A byte size of 0 at
+offset 0 (a zero-element input) Triton refuses ("Invalid offset + byte size", its offset + size - 1 wraps below
+zero); Ferry reads the empty tensor. Bytes that do not fit the shape get the core's words in both, as binary data.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def _cases(http, grpc_call, key: str, out_key: str) -> dict[str, Any]:
             "shared_memory_region": "out", "shared_memory_byte_size": 64, "binary_data": True}}]),
         "grpc binary_data output in shm": infer_grpc(in_grpc, [
             ("OUTPUT0", {**out_grpc, "binary_data": ("bool_param", True)})]),
+        "http size short of the shape": infer_http([tensor({**in_shm, "shared_memory_byte_size": 32})]),
+        "grpc size short of the shape, 48": infer_grpc({**in_grpc, "shared_memory_byte_size": ("int64_param", 48)}),
         "http unregister all": http("POST", "/v2/systemsharedmemory/unregister"),
         "http output to unregistered": infer_http([tensor({}, data=DATA.tolist())], [{"name": "OUTPUT0", "parameters": {
             "shared_memory_region": "out", "shared_memory_byte_size": 64}}]),
