@@ -206,8 +206,10 @@ def _decode_input(item: Any, binary: memoryview, offset: int, model_name: str) -
     dtype = datatypes.WIRE_TO_NUMPY.get(datatype)
     if dtype is None:
         raise InvalidArgumentError(f"invalid datatype for input {name}")  # Triton's words
-    refuse_half_precision(datatype, name)
     values = item["data"]
+    if type(values) is not list:  # Triton's words (its status is 500); a scalar is the generate extension's only
+        raise InvalidArgumentError("Unable to parse 'data': attempt to access JSON non-array as array")
+    refuse_half_precision(datatype, name)
     if datatype == "BYTES":
         # Triton's front end writes the strings as they come; its core counts them (``core.validation``)
         flat = json_flat(values)
@@ -237,7 +239,8 @@ def json_flat(values: Any) -> list:
 
 
 def json_array(values: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """A tensor of ``shape`` from JSON ``values`` (a scalar, or arrays nested or flat; BYTES from strings)."""
+    """A tensor of ``shape`` from JSON ``values`` (a scalar, which only the generate extension passes, or arrays
+    nested or flat; BYTES from strings)."""
     flat = json_flat(values)
     count = datatypes.element_count(shape)
     if len(flat) != count:  # Triton's front end's words (its status is 500)

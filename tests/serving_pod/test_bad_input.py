@@ -77,6 +77,13 @@ HTTP_CASES = {
     # true was read as 1 ("expected 16 bytes ..., got 1")
     "boolean binary_data_size": (*_binary_request("INPUT0", "FP32", [1, 4], b"\0" * 16, declared=True), 400,
                                  "binary_data_size must be a non-negative integer"),
+    # Triton 2.51's words for each datatype (its status is 500, recorded live); Ferry served a number as a [1] tensor
+    "data a number, not an array": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
+                                                            "data": 5}]}).encode(),
+                                    {}, 400, "Unable to parse 'data': attempt to access JSON non-array as array"),
+    "data a string, not an array": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "BYTES",
+                                                            "data": "a"}]}).encode(),
+                                    {}, 400, "Unable to parse 'data': attempt to access JSON non-array as array"),
     "wrong JSON value type": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": ["a", 2, 3, 4]}]}).encode(),
                               {}, 400, "data does not fit FP32"),
     # numpy read these as numbers (served, the float truncated); Triton 2.51 refuses them ("Unable to parse 'data'")
