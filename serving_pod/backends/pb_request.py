@@ -21,6 +21,7 @@ from serving_pod.backends.pb_tensor import (
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    PreferredMemory,
     Tensor,
     TritonError,
     TritonModelException,
@@ -82,7 +83,8 @@ _REQUEST_SIGNATURE = ("c_python_backend_utils.InferenceRequest(request_id: str =
 
 
 def _check_request_arguments(request_id: Any, correlation_id: Any, inputs: Any, requested_output_names: Any,
-                             model_name: Any, model_version: Any, flags: Any, timeout: Any) -> None:
+                             model_name: Any, model_version: Any, flags: Any, timeout: Any,
+                             preferred_memory: Any = None) -> None:
     """Triton's binding: a value of the wrong type is pybind11's TypeError; a None input or an empty output
     name is the backend's TritonModelException."""
     def integer(value: Any) -> bool:
@@ -91,12 +93,15 @@ def _check_request_arguments(request_id: Any, correlation_id: Any, inputs: Any, 
     fits = (isinstance(request_id, str) and (integer(correlation_id) or isinstance(correlation_id, str))
             and isinstance(inputs, (list, tuple)) and isinstance(requested_output_names, (list, tuple))
             and all(isinstance(name, str) for name in requested_output_names) and isinstance(model_name, str)
-            and integer(model_version) and integer(flags) and flags >= 0 and integer(timeout) and timeout >= 0)
+            and integer(model_version) and integer(flags) and flags >= 0 and integer(timeout) and timeout >= 0
+            and (preferred_memory is None or isinstance(preferred_memory, PreferredMemory)))
     if not fits:
-        raise incompatible_arguments(_REQUEST_SIGNATURE, (), {
-            "request_id": request_id, "correlation_id": correlation_id, "inputs": inputs,
-            "requested_output_names": requested_output_names, "model_name": model_name,
-            "model_version": model_version, "flags": flags, "timeout": timeout})
+        given = {"request_id": request_id, "correlation_id": correlation_id, "inputs": inputs,
+                 "requested_output_names": requested_output_names, "model_name": model_name,
+                 "model_version": model_version, "flags": flags, "timeout": timeout}
+        if preferred_memory is not None:
+            given["preferred_memory"] = preferred_memory
+        raise incompatible_arguments(_REQUEST_SIGNATURE, (), given)
     where = f"for request with id '{request_id}' and model name '{model_name}' should not be empty."
     if any(tensor is None for tensor in inputs):
         raise TritonModelException(f"Input tensor {where}")
@@ -265,7 +270,7 @@ class InferenceRequest:
         from serving_pod.backends import python_bridge
 
         _check_request_arguments(request_id, correlation_id, inputs, requested_output_names, model_name,
-                                 model_version, flags, timeout)
+                                 model_version, flags, timeout, preferred_memory)
         self._domain = python_bridge.bls_domain_request(
             request_id=request_id, correlation_id=correlation_id, inputs=inputs,
             requested_output_names=requested_output_names, model_name=model_name,

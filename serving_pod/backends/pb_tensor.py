@@ -24,8 +24,40 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-TRITONSERVER_MEMORY_GPU = 1
-TRITONSERVER_MEMORY_CPU = 0
+
+
+class _MemoryType(enum.IntEnum):
+    """``pb_utils.TRITONSERVER_MEMORY_*``: Triton's ``PreferredMemory.MemoryType`` (pybind11's enum), GPU 0 and CPU 1
+    (not ``TRITONSERVER_MemoryType``'s numbers); a member compares and hashes as its number."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+    def __str__(self) -> str:
+        return f"MemoryType.{self.name}"
+
+
+_MemoryType.__name__ = "MemoryType"  # its repr: <MemoryType.TRITONSERVER_MEMORY_CPU: 1> (__qualname__ kept for pickle)
+TRITONSERVER_MEMORY_GPU = _MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = _MemoryType.TRITONSERVER_MEMORY_CPU
+_PREFERRED_MEMORY_SIGNATURE = ("c_python_backend_utils.PreferredMemory(preferred_memory_type: "
+                               "triton::backend::python::PreferredMemory::MemoryType, preferred_device_id: int = 0)")
+
+
+class PreferredMemory:
+    """``PreferredMemory(TRITONSERVER_MEMORY_CPU, 0)`` for a BLS request's outputs. Taken for compatibility (outputs
+    live in CPU memory here); as Triton's binding, the type must be a ``TRITONSERVER_MEMORY_*`` member (a bare number
+    is pybind11's ``TypeError``) and the device id an int, and nothing of it is readable back."""
+
+    __slots__ = ("_memory_type", "_device_id")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        memory_type, device_id = bind_arguments(("preferred_memory_type", "preferred_device_id"), (0,), args, kwargs,
+                                                _PREFERRED_MEMORY_SIGNATURE)
+        if type(memory_type) is not _MemoryType or not isinstance(device_id, int):
+            raise incompatible_arguments(_PREFERRED_MEMORY_SIGNATURE, args, kwargs)
+        self._memory_type = memory_type
+        self._device_id = device_id
 
 # --------------------------------------------------------------------------- data types
 

@@ -41,6 +41,7 @@ from serving_pod.backends.pb_tensor import (
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    PreferredMemory,
     Tensor,
     TritonError,
     TritonModelException,
@@ -127,10 +128,3 @@ def _incompatible(function: str, signature: str, *given: Any) -> TypeError:
     return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:\n"
                      f"    1. {signature}\n\nInvoked with: {', '.join(map(repr, given))}")
 
-
-class PreferredMemory:
-    """Accepted for compatibility; tensors always live in CPU memory here."""
-
-    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
-        self.preferred_memory_type = preferred_memory_type
-        self.preferred_device_id = preferred_device_id

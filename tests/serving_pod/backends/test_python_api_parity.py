@@ -5,7 +5,10 @@ among them: ``requested_output_names()`` is a ``set`` (on a request ``execute`` 
 ``TritonError`` code is a member of Triton's ``__ErrorCode`` enum (equal to its number, but a bare number is no
 code: pybind11's ``TypeError``), ``InferenceResponse`` refuses anything but a sequence of tensors and a
 ``TritonError`` where the model builds it, and ``auto_complete_config``'s ``ModelConfig`` words a refusal as Triton
-does (checked against Triton's own ``triton_python_backend_utils.py``, which is pure Python). Triton's answers are
+does (checked against Triton's own ``triton_python_backend_utils.py``, which is pure Python), and
+``TRITONSERVER_MEMORY_CPU`` / ``_GPU`` are members of Triton's ``MemoryType`` enum numbered CPU 1 and GPU 0 (Ferry had
+bare numbers the other way round, CPU 0 and GPU 1), which ``PreferredMemory`` alone takes (a bare number is pybind11's
+``TypeError``, as is a ``preferred_memory`` that is no ``PreferredMemory``). Triton's answers are
 recorded (``EXPECTED``, ``TRITONS_EDITS``): Ferry runs against them by default, Triton under ``-m slow``.
 """
 
@@ -42,6 +45,14 @@ CALLS = [
     'pb_utils.InferenceResponse(["not a tensor"])',
     'pb_utils.InferenceResponse(error="not an error")',
     'pb_utils.InferenceResponse((pb_utils.Tensor("A", np.zeros(1)),)).output_tensors()[0].name()',
+    '(str(pb_utils.TRITONSERVER_MEMORY_CPU), repr(pb_utils.TRITONSERVER_MEMORY_GPU), '
+    'int(pb_utils.TRITONSERVER_MEMORY_CPU), pb_utils.TRITONSERVER_MEMORY_GPU == 0, '
+    '{pb_utils.TRITONSERVER_MEMORY_CPU: "cpu"}.get(1), type(pb_utils.TRITONSERVER_MEMORY_CPU).__name__)',
+    'pb_utils.PreferredMemory(1, 0)',
+    'pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, "0")',
+    '[n for n in dir(pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU)) if not n.startswith("_")]',
+    'type(pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], '
+    'preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))).__name__',
 ]
 
 MODEL = '''
@@ -87,6 +98,8 @@ _ERROR = ("TritonError(message: str, code: c_python_backend_utils.TritonError.__
           "<__ErrorCode.INTERNAL: 1>)")
 _RESPONSE = ("InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], "
              "error: c_python_backend_utils.TritonError = None)")
+_MEMORY = ("PreferredMemory(preferred_memory_type: triton::backend::python::PreferredMemory::MemoryType, "
+           "preferred_device_id: int = 0)")
 
 #: Triton 2.51's answers, call by call (recorded from a live Triton; the slow ``test_tritons_answers`` compares a live
 #: one with them)
@@ -110,6 +123,12 @@ EXPECTED = [
     _refused(_RESPONSE, "['not a tensor']"),
     _refused(_RESPONSE, "kwargs: error='not an error'"),
     "str:'A'",
+    "tuple:('MemoryType.TRITONSERVER_MEMORY_CPU', '<MemoryType.TRITONSERVER_MEMORY_GPU: 0>', 1, True, 'cpu', "
+    "'MemoryType')",
+    _refused(_MEMORY, "1, 0"),
+    _refused(_MEMORY, "<MemoryType.TRITONSERVER_MEMORY_CPU: 1>, '0'"),
+    "list:[]",
+    "str:'InferenceRequest'",
 ]
 
 
@@ -155,6 +174,16 @@ def test_tritons_answers(answers: list[str], repository: Path) -> None:
     with running_triton(repository, ["calls"]) as (http, _, _):
         triton = _answers(f"127.0.0.1:{http}")
     assert triton == EXPECTED == answers
+
+
+def test_a_bls_request_refuses_a_preferred_memory_that_is_no_preferred_memory() -> None:
+    """Triton 2.51: ``InferenceRequest(..., preferred_memory=1)`` is pybind11's constructor ``TypeError`` (its
+    message shows object addresses, so only the kind is compared); Ferry took anything."""
+    from serving_pod.backends import pb_utils
+
+    with pytest.raises(TypeError, match="^__init__\\(\\): incompatible constructor arguments") as raised:
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], preferred_memory=1)
+    assert str(raised.value).endswith("preferred_memory=1")
 
 
 # --------------------------------------------------------------------------- auto_complete_config's ModelConfig

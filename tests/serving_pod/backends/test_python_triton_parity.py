@@ -216,3 +216,78 @@ def test_each_triton_error_code_reaches_the_client_with_tritons_status(threaded_
             with pytest.raises(InferenceServerException) as raised:
                 server.client("grpc").infer("code", [tensor])
             assert raised.value.status() == f"StatusCode.{grpc_code}" and "failed with a code" in str(raised.value), name
+
+
+BLS_CODE_CONFIG = _config("bls_code", "CODE", "SEEN")
+
+#: ``code`` as Triton loads it: its stub binds ``pb_utils.TritonError`` only after ``model.py`` is imported, so the
+#: codes are looked up in ``execute`` (CODE_MODEL's module-level list fails Triton's load with an AttributeError)
+CALLED_CODE_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED"]
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("failed with a code", getattr(
+            pb_utils.TritonError, NAMES[int(pb_utils.get_input_tensor_by_name(r, "CODE").as_numpy()[0])])))
+            for r in requests]
+'''
+
+BLS_CODE_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            called = pb_utils.InferenceRequest(model_name="code", inputs=[pb_utils.get_input_tensor_by_name(r, "CODE")],
+                                               requested_output_names=["OUT"]).exec()
+            seen = "%s %s %s" % (called.has_error(), called.error().code().name, called.error().message())
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([seen.encode()], np.object_))]))
+        return responses
+'''
+
+
+def _bls_codes(http: str) -> dict[str, str]:
+    """What ``bls_code`` saw of ``code``'s error response, for each code ``code`` answered with."""
+    import httpx
+
+    from serving_pod.backends import pb_utils
+
+    seen = {}
+    for name in TRITON_STATUS:
+        body = {"inputs": [{"name": "CODE", "datatype": "INT32", "shape": [1], "data": [getattr(pb_utils.TritonError,
+                                                                                               name)]}]}
+        answer = httpx.post(f"http://{http}/v2/models/bls_code/infer", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        seen[name] = answer.json()["outputs"][0]["data"][0]
+    return seen
+
+
+#: Triton 2.51 (recorded live): a BLS caller reads INTERNAL whatever code the called model's error response had
+TRITON_BLS_CODES = dict.fromkeys(TRITON_STATUS, "True INTERNAL failed with a code")
+
+
+def test_a_bls_error_response_keeps_the_code_the_called_model_gave(threaded_server: Any, tmp_path: Path) -> None:
+    """Kept different on purpose: Triton 2.51 hands a BLS caller the called model's error message with code
+    INTERNAL every time (``TRITON_BLS_CODES``: the code does not cross its stub), though the same error reaches a
+    client with its own status (the test above). Ferry keeps the code the model gave, which a caller can act on; a
+    model written for Triton reads the same ``has_error()`` and ``message()``."""
+    write_model(tmp_path, "code", CODE_CONFIG, {"1/model.py": CALLED_CODE_MODEL})
+    write_model(tmp_path, "bls_code", BLS_CODE_CONFIG, {"1/model.py": BLS_CODE_MODEL})
+    server = threaded_server([tmp_path])
+    assert _bls_codes(server.http_url) == {name: f"True {name} failed with a code" for name in TRITON_STATUS}
+
+
+@pytest.mark.slow  # live NVIDIA Triton: the record the Ferry-only test above departs from
+def test_tritons_bls_caller_reads_internal_for_every_code(tmp_path: Path) -> None:
+    from support.triton import running_triton
+
+    write_model(tmp_path, "code", CODE_CONFIG, {"1/model.py": CALLED_CODE_MODEL})
+    write_model(tmp_path, "bls_code", BLS_CODE_CONFIG, {"1/model.py": BLS_CODE_MODEL})
+    with running_triton(tmp_path, ["code", "bls_code"]) as (http, _, _):
+        assert _bls_codes(f"127.0.0.1:{http}") == TRITON_BLS_CODES
