@@ -14,7 +14,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -133,21 +133,29 @@ async def test_queue_full_and_priority_over_http(tmp_path: Path, server_factory)
     assert stats["model_stats"][0]["inference_stats"]["fail"].get("count", "0") == "0"
 
 
-async def test_request_timeout_parameter_over_grpc(tmp_path: Path, server_factory) -> None:
-    slow_model(
-        tmp_path, "tmo",
-        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 60000000 "
-        "allow_timeout_override: true }",
-        max_batch=1,
-    )
+async def _behind_a_busy_instance(tmp_path: Path, server_factory, protocol: str, policy: str,
+                                  second: Callable[[Any], Any]) -> Any:
+    """Serve ``tmo`` (one slow instance, ``policy``), keep its instance busy with a request over ``protocol`` and
+    run ``second(handle)`` in a thread meanwhile; its result, once the first request has answered."""
+    slow_model(tmp_path, "tmo", policy, max_batch=1)
     handle = await server_factory([tmp_path])
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=2)
-    first = loop.run_in_executor(pool, infer, handle, "grpc", "tmo", 0.0)
+    first = loop.run_in_executor(pool, infer, handle, protocol, "tmo", 0.0)
     await wait_busy(handle, "tmo")
-    expired = await loop.run_in_executor(pool, functools.partial(infer, handle, "grpc", "tmo", 1.0, timeout=1000))
+    result = await loop.run_in_executor(pool, second, handle)
     assert await first == 0.0
     pool.shutdown()
+    return result
+
+
+async def test_request_timeout_parameter_over_grpc(tmp_path: Path, server_factory) -> None:
+    expired = await _behind_a_busy_instance(
+        tmp_path, server_factory, "grpc",
+        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 60000000 "
+        "allow_timeout_override: true }",
+        lambda handle: infer(handle, "grpc", "tmo", 1.0, timeout=1000),
+    )
     assert "Request timeout expired" in str(expired)
 
 
@@ -157,21 +165,15 @@ async def test_a_queue_timeout_is_answered_text_plain_over_http(tmp_path: Path, 
     typed it ``application/json`` as it types refusals found before queuing (a full queue: still JSON, as Triton)."""
     import httpx
 
-    slow_model(
-        tmp_path, "tmo",
-        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000 }",
-        max_batch=1,
-    )
-    handle = await server_factory([tmp_path])
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=2)
-    first = loop.run_in_executor(pool, infer, handle, "http", "tmo", 0.0)
-    await wait_busy(handle, "tmo")
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
-    url = f"http://127.0.0.1:{handle.server.http_port}/v2/models/tmo/infer"
-    expired = await loop.run_in_executor(pool, functools.partial(httpx.post, url, json=body, timeout=30))
-    assert await first == 0.0
-    pool.shutdown()
+
+    def post(handle: Any) -> httpx.Response:
+        url = f"http://127.0.0.1:{handle.server.http_port}/v2/models/tmo/infer"
+        return httpx.post(url, json=body, timeout=30)
+
+    expired = await _behind_a_busy_instance(
+        tmp_path, server_factory, "http",
+        "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000 }", post)
     answer = (expired.status_code, expired.headers["content-type"], expired.text)
     assert answer == (503, "text/plain", '{"error":"Request timeout expired"}')
 
