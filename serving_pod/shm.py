@@ -205,7 +205,7 @@ class SharedMemoryManager:
         for region_name in names:
             region = self.regions.get(region_name)
             if region is not None and region.kind == kind:
-                if region_name in self._users:
+                if self.in_use(region_name):
                     busy.append(region_name)
                     continue
                 del self.regions[region_name]
@@ -250,19 +250,23 @@ class SharedMemoryManager:
             )
         return region
 
-    def read_inputs(self, request: InferRequest) -> None:
-        """Replace every shared-memory input's placeholder with the bytes from its region. Bytes that do not fit
-        the shape (a byte size, malformed BYTES) leave the placeholder and a defect, which the model's validation
-        refuses after its other checks in the core's words, as it does binary data (Triton's order and words)."""
+    def read_inputs(self, request: InferRequest) -> list[str]:
+        """Replace every shared-memory input's placeholder with the bytes from its region; returns the regions read,
+        one name per input. Bytes that do not fit the shape (a byte size, malformed BYTES) leave the placeholder and a
+        defect, which the model's validation refuses after its other checks in the core's words, as it does binary
+        data (Triton's order and words)."""
+        regions = []
         for tensor in request.inputs:
             params = tensor.parameters
             if "shared_memory_region" not in params:
                 continue
             placement = placement_of(params, f"input '{tensor.name}'")
             raw = self.locate(placement).read(placement.offset, placement.byte_size)
+            regions.append(placement.region)
             tensor.data, defect = datatypes.decode_raw(tensor.datatype, tensor.data.shape, raw)
             if defect is not None:
                 tensor.defect = defect
+        return regions
 
     def output_targets(self, outputs: list[RequestedOutput]) -> dict[str, Placement] | None:
         """Shared-memory placements of the requested outputs (checked now, before inference)."""

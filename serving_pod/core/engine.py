@@ -311,9 +311,7 @@ class Engine:
         held = None  # the shared memory regions the request uses, held once it is admitted (``shm`` docstring)
         for tensor in request.inputs:
             if tensor.parameters and "shared_memory_region" in tensor.parameters:
-                self.shm.read_inputs(request)  # before validation: it gives the tensors their data
-                held = [t.parameters["shared_memory_region"] for t in request.inputs
-                        if t.parameters and "shared_memory_region" in t.parameters]
+                held = self.shm.read_inputs(request)  # before validation: it gives the tensors their data
                 break
         if request.outputs:
             plan = outputs.plan_outputs(request.outputs, self.shm)
