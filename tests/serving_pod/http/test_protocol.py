@@ -92,6 +92,13 @@ def _outputs(body: bytes) -> list:
     return orjson.loads(body)["outputs"][0]["data"]
 
 
+def _assert_served(wire: Wire) -> None:
+    """The connection still serves: an infer request on it is answered 200 with the identity's outputs."""
+    wire.send(_request("/v2/models/idt/infer"))
+    status, _, body = wire.response()
+    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+
+
 def test_direct_and_asgi_paths_give_the_same_answer(server):
     wire = Wire(_port(server))
     # "/v2/models/id%74/infer" names the same model; escapes take uvicorn's ASGI path
@@ -206,9 +213,7 @@ def test_a_get_with_an_upgrade_is_answered_and_the_connection_goes_on(server, up
     head = "".join(f"{name}: {value}\r\n" for name, value in upgrade.items()).encode()
     wire.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n" + head + b"\r\n")
     assert wire.response()[:1] == (200,)
-    wire.send(_request("/v2/models/idt/infer"))
-    status, _, body = wire.response()
-    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    _assert_served(wire)
     wire.close()
 
 
@@ -262,9 +267,7 @@ def test_bad_length_header_gets_400_and_the_connection_goes_on(server):
     status, headers, body = wire.response()
     assert (status, headers["content-type"]) == (400, "text/plain")  # as tritonserver, found before parsing the body
     assert orjson.loads(body) == {"error": f"inference header size should be in range (0, {len(BODY)}), got: 9999"}
-    wire.send(_request("/v2/models/idt/infer"))
-    status, _, body = wire.response()
-    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    _assert_served(wire)
     wire.close()
 
 
@@ -602,9 +605,7 @@ def _known_first_request(server, monkeypatch) -> Wire:
     """A new connection whose first request was answered by a known head (learned on another connection)."""
     parsed = _teach(server, monkeypatch)
     wire = Wire(_port(server))
-    wire.send(_request("/v2/models/idt/infer"))
-    status, _, body = wire.response()
-    assert status == 200 and _outputs(body) == [1, 2, 3, 4]
+    _assert_served(wire)
     assert parsed == []  # the known head: no parser
     return wire
 
