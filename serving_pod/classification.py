@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.errors import InvalidArgumentError, writing_response
 from serving_pod.core.types import InferResponse, RequestedOutput, Tensor
 
 #: Triton's cap against pathological classification outputs.
@@ -62,12 +62,12 @@ def top_k(values: np.ndarray, count: int, labels: list[str]) -> list[bytes]:
 def classify(tensor: Tensor, count: int, batching: bool, labels: list[str]) -> Tensor:
     """The classification tensor that replaces ``tensor`` in the response."""
     if tensor.datatype not in _SUPPORTED:
-        raise InvalidArgumentError(
+        raise writing_response(InvalidArgumentError(
             f"class result not available for output due to unsupported type '{tensor.datatype}'"
-        )
+        ))
     data = np.asarray(tensor.data)
     if data.size > MAX_ELEMENTS:
-        raise InvalidArgumentError("classification output tensor too large")
+        raise writing_response(InvalidArgumentError("classification output tensor too large"))
     batched = batching and data.ndim > 0
     rows = data.reshape(data.shape[0], -1) if batched else data.reshape(1, -1)
     width = min(count, rows.shape[1])

@@ -36,6 +36,10 @@ class ServerError(Exception):
     #: queue or backlog timeout, ``rejected_from_queue``): tritonserver sends it from the response callback, as it
     #: sends an execution's errors, so its HTTP front end types the answer text/plain
     from_queue: bool = False
+    #: the front end found it while writing the model's response (an FP16 output asked for as JSON, an output that
+    #: cannot be classified): the model ran and counts a success; tritonserver sends it from the response callback,
+    #: so its HTTP front end types the answer text/plain
+    writing_response: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -96,6 +100,12 @@ def not_enqueued(error: ServerError) -> ServerError:
     error, so ``TRITONSERVER_ServerInferAsync`` fails as for a request refused before its model: on a gRPC stream
     it is named by its id alone and does not end a ``triton_grpc_error`` stream."""
     error.refused_before_queue = True
+    return error
+
+
+def writing_response(error: ServerError) -> ServerError:
+    """``error`` marked ``writing_response``: found while the model's response was being written out."""
+    error.writing_response = True
     return error
 
 

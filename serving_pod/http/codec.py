@@ -10,7 +10,10 @@ those whose own ``binary_data`` parameter is true, whatever the request's ``bina
 counts only for a request listing none (no ``outputs``, or an empty list, which asks for every output). An output
 listed twice is decided by its first entry (binary data, classification, shared memory), as tritonserver emplaces
 each entry into its map; a later entry's classification is still checked. NaN and infinite float elements are
-written as tritonserver writes them, ``NaN`` / ``Infinity`` / ``-Infinity`` (``_non_finite_data``).
+written as tritonserver writes them, ``NaN`` / ``Infinity`` / ``-Infinity`` (``_non_finite_data``). FP16 and
+BF16 have no JSON form either way: such an input sent as JSON is refused, and such an output asked for as JSON
+fails the response in tritonserver's words (``_refused_as_json``; the generate extension, which cannot ask for
+binary data, still writes them as numbers, ``json_data``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import orjson
 
 from serving_pod import classification
 from serving_pod.core import datatypes
-from serving_pod.core.errors import InvalidArgumentError
+from serving_pod.core.errors import InvalidArgumentError, ServerError, writing_response
 from serving_pod.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from serving_pod.http import templates
 from serving_pod.http.responses import JsonFollowedByBytes, before_parsing, parse_json
@@ -321,6 +324,8 @@ def encode_infer_response(
             raw = datatypes.raw_view(tensor.datatype, tensor.data)  # copied once, by the join below
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
             chunks.append(raw)
+        elif tensor.datatype in _BINARY_ONLY:
+            raise _refused_as_json(tensor.datatype)
         elif tensor.data.dtype.kind == "f" and not np.isfinite(tensor.data).all():
             entry["data"] = _non_finite_data(json_data(tensor))
         else:
@@ -337,6 +342,18 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+#: output datatypes tritonserver writes only as binary data: one asked for as JSON fails the response
+_BINARY_ONLY = frozenset({"FP16", "BF16"})
+
+
+def _refused_as_json(datatype: str) -> ServerError:
+    """tritonserver's answer to an FP16 or BF16 output asked for as JSON (``binary_data`` false, or no flag and no
+    ``binary_data_output``), in its words, which name no output: a 400, typed text/plain as it is found while the
+    response is written (the model ran and counts a success)."""
+    return writing_response(InvalidArgumentError(
+        f"sending {datatype} data via JSON is not supported. Please use the binary data format for output"))
 
 
 def _non_finite_data(values: list[float]) -> orjson.Fragment:

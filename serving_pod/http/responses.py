@@ -7,8 +7,8 @@ an inference error found before the request body is parsed, carries libevhtp's d
 body is still the ``{"error": ...}`` object (tritonclient reads the body whatever the type). So does an inference
 error that comes from the model's execution (tritonserver sends it from the response callback, which sets no
 type), and so does the error of a request a scheduler queued and then dropped unrun (a queue timeout,
-``ServerError.from_queue``); errors found while parsing the body, validating the request or queuing it are
-``application/json``.
+``ServerError.from_queue``) or one found while writing the model's response (``ServerError.writing_response``);
+errors found while parsing the body, validating the request or queuing it are ``application/json``.
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ def before_parsing(error: ServerError) -> ServerError:
 def infer_content_type(error: ServerError) -> bytes:
     """The content type of an inference error answer: ``TEXT`` for what tritonserver finds before parsing the body
     (``before_parsing``, or the model lookup) and for an error of the model's execution (an error the model sent
-    as its response, ``ServerError.sent_as_response``, or its failed execution, ``ServerError.in_execution``) and for a
-    queued request a scheduler dropped (``ServerError.from_queue``), else ``JSON``."""
+    as its response, ``ServerError.sent_as_response``, or its failed execution, ``ServerError.in_execution``), for a
+    queued request a scheduler dropped (``ServerError.from_queue``) and for an error writing the response
+    (``ServerError.writing_response``), else ``JSON``."""
     if (error.before_parsing or error.sent_as_response or error.in_execution or error.from_queue
-            or error.message.startswith(_LOOKUP_ERRORS)):
+            or error.writing_response or error.message.startswith(_LOOKUP_ERRORS)):
         return TEXT
     return JSON
 

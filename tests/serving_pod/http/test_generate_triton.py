@@ -13,8 +13,8 @@ Ferry answers a few cases otherwise on purpose (``KEPT``, with what Triton answe
   (the empty body and the nested arrays in Triton's);
 - Triton wraps an integer that does not fit an unsigned input (``[256]`` for UINT8 becomes 0): Ferry refuses it;
 - Triton refuses FP16 and BF16 outputs (``sending FP16 data via JSON is not supported``): the generate schema has
-  no way to ask for binary outputs, so such a model cannot answer at all. Ferry writes them as numbers, as its
-  ``/infer`` JSON does;
+  no way to ask for binary outputs, so such a model cannot answer at all. Ferry writes them as numbers (its
+  ``/infer`` refuses them as JSON outputs in Triton's words, since a client can ask for binary data there);
 - Triton writes NaN and infinities as ``NaN`` / ``Infinity`` and BYTES outputs as their raw bytes, neither of
   which is JSON: Ferry writes ``null`` and replaces bytes that are not UTF-8;
 - ``sequence_id`` in a body (a side-by-side sweep, recorded live, not in the tables): Triton 2.51 never reads it as
