@@ -18,9 +18,10 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from serving_pod import cli_compat, cli_extensions
-from serving_pod.cli_extensions import lowered, number, parse_bool as _bool
+from serving_pod.cli_extensions import number, parse_bool as _bool
 from serving_pod.core.engine import REPOSITORY_FAILURE, EngineOptions
 from serving_pod.logging_settings import MAX_VERBOSE_LEVEL
 from serving_pod.options import DEFAULT_MAX_INPUT_SIZE, ServerOptions
@@ -30,14 +31,18 @@ def _port(value: str) -> int:
     try:
         port = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port '{value}'") from None
+        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}") from None  # tritonserver's words
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
     return port
 
 
 def _log_verbose(value: str) -> int:
-    """A verbose level: tritonserver's is an int32 (its words above that; it reads -1 as 0, Ferry refuses it)."""
+    """A verbose level: tritonserver's is an int32 (its words above that; it reads -1 as 0, Ferry refuses it), or
+    true / false in any case (1 / 0), as tritonserver reads them."""
+    level = {"true": 1, "false": 0}.get(value.lower())
+    if level is not None:
+        return level
     level = number(int)(value)
     if level > MAX_VERBOSE_LEVEL:
         raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
@@ -59,16 +64,31 @@ def _backend_config(value: str) -> tuple[str, str, str]:
     return backend, key, val
 
 
+def _word(flag: str, words: tuple[str, ...], *, any_case: bool = True) -> Callable[[str], str]:
+    """An argparse type: one of ``words`` (in any case where tritonserver lowercases the value first), refused in
+    tritonserver's words."""
+
+    def parse(value: str) -> str:
+        word = value.lower() if any_case else value
+        if word not in words:
+            raise argparse.ArgumentTypeError(f"invalid argument for {flag}")
+        return word
+
+    return parse
+
+
 def _cache_config(value: str) -> tuple[str, str, str]:
     """``<cache>,<key>=<value>`` (tritonserver's form; Ferry has the ``local`` cache)."""
     from serving_pod.cache import cache_capacity
 
-    cache, _, setting = value.partition(",")
-    key, sep, val = setting.partition("=")
-    if not cache or not sep or not key:
+    cache, comma, setting = value.partition(",")
+    if not comma or not cache:  # tritonserver's words, as for each format error here
         raise argparse.ArgumentTypeError(
-            f"invalid --cache-config '{value}': expected <cache>,<key>=<value> (e.g. local,size=1048576)"
-        )
+            f"No cache specified. --cache-config option format is <cache name>,<setting>=<value>. Got {value}")
+    key, sep, val = setting.partition("=")
+    if not sep or not key or not val:
+        raise argparse.ArgumentTypeError(
+            f"--cache-config option format is '<cache name>,<setting>=<value>'. Got {value}")
     try:
         cache_capacity({cache: {key: val}})
     except ValueError as exc:
@@ -95,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--model-repository", "--model-store", action="append", default=[], dest="model_repository",
         help="model repository path or URI (repeatable); default: the embedded example repository")
-    add("--model-control-mode", type=lowered, choices=["none", "poll", "explicit"], default="none")
+    add("--model-control-mode", type=_word("--model-control-mode", ("none", "poll", "explicit")), default="none",
+        metavar="{none,poll,explicit}")
     add("--load-model", action="append", default=[], help="model to load at start in explicit mode ('*' = all)")
     add("--repository-poll-secs", type=number(float), default=15.0)
     add("--strict-readiness", type=_bool, default=True)
@@ -131,14 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="response cache: local,size=<bytes> (models opt in with response_cache { enable: true })")
     add("--response-cache-byte-size", type=number(int), default=None,
         help="deprecated tritonserver flag: same as --cache-config local,size=<bytes>")
-    add("--rate-limit", type=lowered, choices=["off", "execution_count"], default="off")
+    add("--rate-limit", type=_word("--rate-limit", ("off", "execution_count")), default="off",
+        metavar="{off,execution_count}")
     add("--rate-limit-resource", action="append", default=[], type=_rate_limit_resource,
         help="<name>:<count>[:<device>] copies of a rate limiter resource (repeatable)")
     add("--log-verbose", type=_log_verbose, default=0)
     add("--log-info", type=_bool, default=True)
     add("--log-warning", type=_bool, default=True)
     add("--log-error", type=_bool, default=True)
-    add("--log-format", choices=["default", "ISO8601"], default="default")
+    add("--log-format", type=_word("--log-format", ("default", "ISO8601"), any_case=False), default="default",
+        metavar="{default,ISO8601}")
     cli_extensions.add_arguments(parser)
     cli_compat.add_arguments(parser)
     return parser
@@ -150,8 +173,11 @@ def default_repository() -> str:
 
 
 def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """tritonserver's checks across flags, in its words (exit 2): ``--load-model`` outside explicit mode, and two
-    enabled endpoints on one address and port (port 0, "any free port" in Ferry, never clashes)."""
+    """tritonserver's checks across flags, in its words (exit 2): both cache flags, ``--load-model`` outside explicit
+    mode, and two enabled endpoints on one address and port (port 0, "any free port" in Ferry, never clashes)."""
+    if args.response_cache_byte_size is not None and args.cache_config:
+        parser.error("Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                     "Please provide one or the other.")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
     endpoints = [("HTTP", args.allow_http, args.http_address, args.http_port),

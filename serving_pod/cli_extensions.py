@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from typing import Any
 
 from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, GrpcKeepalive, TlsOptions
 from serving_pod.security import GRPC_HEADER_PREFIX, parse_restrictions
-from serving_pod.trace import parse_trace_config
+from serving_pod.trace import cli_level, parse_trace_config
 
 
 def parse_bool(value: str) -> bool:
@@ -31,8 +32,8 @@ def parse_bool(value: str) -> bool:
 
 
 def lowered(value: str) -> str:
-    """The value in lower case: tritonserver lowercases the words of ``--model-control-mode``, ``--rate-limit``,
-    ``--grpc-infer-response-compression-level`` and ``--trace-config mode=`` before it checks them."""
+    """The value in lower case: tritonserver lowercases the words of ``--grpc-infer-response-compression-level``
+    before it checks them (``cli._word`` and ``trace`` do so for the others)."""
     return value.lower()
 
 
@@ -44,12 +45,19 @@ def number(kind: type, *, minimum: float = 0, strict: bool = False):
         try:
             parsed = kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value '{value}'") from None
+            raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}") from None  # tritonserver's words
         if parsed < minimum or (strict and parsed == minimum):
             raise argparse.ArgumentTypeError(f"value must be {relation} {minimum}, got {value}")
         return parsed
 
     return parse
+
+
+def _trace_level(value: str) -> str:
+    try:
+        return cli_level(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(kind: type):
@@ -67,11 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--trace-config", action="append", default=[],
         help="[<mode>,]<setting>=<value>: level, rate, count, log-frequency, file, mode")
     add("--trace-file", default=None)
-    add("--trace-level", action="append", default=[], type=str.upper,
-        choices=["OFF", "TIMESTAMPS", "TENSORS", "MIN", "MAX"])  # tritonserver: MIN and MAX are TIMESTAMPS
-    add("--trace-rate", type=_positive(int), default=None)
-    add("--trace-count", type=int, default=None)
-    add("--trace-log-frequency", type=int, default=None)
+    add("--trace-level", action="append", default=[], type=_trace_level,
+        help="OFF, TIMESTAMPS, TENSORS (or tritonserver's MIN, MAX, ON, TRUE, FALSE); OFF once turns tracing off")
+    add("--trace-rate", type=number(int, minimum=-2**63), default=None)  # range checked as --trace-config rate=
+    add("--trace-count", type=number(int, minimum=-2**63), default=None)
+    add("--trace-log-frequency", type=number(int, minimum=-2**63), default=None)
     add("--log-file", default="", help="write the log to this file (read-only through the logging API)")
     add("--grpc-use-ssl", type=parse_bool, default=False)
     add("--grpc-use-ssl-mutual", type=parse_bool, default=False)
@@ -148,22 +156,17 @@ def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Tls
     return http, grpc
 
 
-def _trace_mode_lowered(setting: str) -> str:
-    """``[<mode>,]mode=OPENTELEMETRY`` as tritonserver reads it: the trace mode in lower case."""
-    prefix, comma, rest = setting.partition(",") if "," in setting else ("", "", setting)
-    key, sep, value = rest.partition("=")
-    return f"{prefix}{comma}{key}{sep}{value.lower()}" if sep and key.strip() == "mode" else setting
-
-
 def apply(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(engine_fields, server_fields)`` for EngineOptions / ServerOptions from the parsed flags."""
     legacy = [f"level={level}" for level in args.trace_level]
     for key, value in (("file", args.trace_file), ("rate", args.trace_rate), ("count", args.trace_count),
                        ("log-frequency", args.trace_log_frequency)):
-        if value is not None:
+        if value not in (None, ""):
             legacy.append(f"{key}={value}")
     try:
-        trace = parse_trace_config(legacy + [_trace_mode_lowered(setting) for setting in args.trace_config])
+        trace = parse_trace_config(legacy + args.trace_config)
+        if "OFF" in args.trace_level:  # tritonserver: a --trace-level OFF (unlike level=OFF) turns tracing off
+            trace = replace(trace, level=("OFF",))
         http_restrictions = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restrictions = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                                GRPC_HEADER_PREFIX)

@@ -42,19 +42,21 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 
 def parse_restrictions(values: list[str] | tuple[str, ...], flag: str, prefix: str = "") -> dict[str, Restriction]:
-    """Flag values -> ``{group: Restriction}`` whose header is ``prefix`` + the flag's key; ValueError with a clear
-    message on bad input."""
+    """Flag values -> ``{group: Restriction}`` whose header is ``prefix`` + the flag's key. Read as tritonserver reads
+    them: the groups before the first ':', the key up to the next '=', the value (which may hold ':' and '=') after
+    it, none of them empty; ValueError in tritonserver's words otherwise."""
+    kind = "protocol" if "protocol" in flag else "api"
     out: dict[str, Restriction] = {}
     for raw in values:
-        groups, sep, pair = raw.rpartition(":")
+        groups, sep, pair = raw.partition(":")
         header, eq, value = pair.partition("=")
-        if not sep or not eq or not header.strip() or not groups:
-            raise ValueError(f"invalid {flag} '{raw}': expected <group>[,<group>...]:<header>=<value>")
+        if not sep or not eq or not groups or not header.strip() or not value:
+            raise ValueError(f"{flag} option format is '<config name>:<setting>=<value>'. Got {raw}")
         for group in (g.strip() for g in groups.split(",")):
             if group not in GROUPS:
-                raise ValueError(f"invalid {flag} '{raw}': unknown group '{group}' (one of {', '.join(GROUPS)})")
+                raise ValueError(f"unknown restricted {kind} '{group}'")
             if group in out:
-                raise ValueError(f"invalid {flag}: group '{group}' is restricted more than once")
+                raise ValueError(f"restricted {kind} '{group}' can not be specified in multiple config groups")
             out[group] = Restriction(prefix + header.strip().lower(), value)
     return out
 

@@ -99,10 +99,10 @@ def test_default_instance_kind_flag_and_operator_env(monkeypatch, tmp_path):
     "argv, fragment",
     [
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["--http-port=eighty"], "invalid port 'eighty'"),
+        (["--http-port=eighty"], "Invalid option value. Got eighty"),  # tritonserver's words
         (["--http-port=70000"], "port 70000 is outside 0..65535"),
         (["--strict-readiness=maybe"], "invalid value for bool option: maybe"),
-        (["--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
+        (["--model-control-mode=sometimes"], "invalid argument for --model-control-mode"),
         (["--backend-config=nonsense"], "--backend-config option format is '<backend name>,<setting>=<value>'. Got nonsense"),
         (["--exit-timeout-secs=-1"], "value must be >= 0"),
     ],

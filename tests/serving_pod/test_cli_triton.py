@@ -162,13 +162,27 @@ ACCEPTED = [
     (("--model-load-thread-count=0",), lambda o: any("--model-load-thread-count (no effect" in n for n in o.ignored_flags)),
     (("--model-repository=/a", "--model-store=/b", "--model-repository=/a"),
      lambda o: o.engine.model_repositories == ("/a", "/b")),
+    (("--log-verbose=TRUE",), lambda o: o.log_verbose == 1),
+    (("--log-verbose=false",), lambda o: o.log_verbose == 0),
+    (("--trace-level=on",), lambda o: o.engine.trace.level == ("TIMESTAMPS",)),
+    (("--trace-level=OFF", "--trace-level=TIMESTAMPS"), lambda o: o.engine.trace.level == ("OFF",)),
+    (("--trace-config=level=OFF", "--trace-config=level=TIMESTAMPS"), lambda o: o.engine.trace.level == ("TIMESTAMPS",)),
+    (("--trace-rate=0",), lambda o: o.engine.trace.rate == 0),
+    (("--trace-config=TRITON,file=/tmp/t.json", "--trace-config=OPENTELEMETRY,url=http://collector:4318"),
+     lambda o: (o.engine.trace.file, o.engine.trace.otel_url) == ("/tmp/t.json", "http://collector:4318")),
+    (("--trace-config=opentelemetry,bsp_max_queue_size=abc",), lambda o: o.engine.trace.mode == "triton"),
+    (("--http-restricted-api=model-repository:auth=tok:en",),
+     lambda o: o.http_restrictions["model-repository"].value == "tok:en"),
 ]
 
 
 @pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize(("argv", "check"), ACCEPTED, ids=[" ".join(a) for a, _ in ACCEPTED])
 def test_values_read_as_tritonserver_reads_them(server, argv, check, tmp_path):
-    """Words in any case where tritonserver lowercases them, a float interval, 0 load threads, a path twice."""
+    """Words in any case where tritonserver lowercases them, a float interval, 0 load threads, a path twice;
+    ``--log-verbose`` true/false; tritonserver's --trace-level words, where one OFF turns tracing off (a
+    ``--trace-config level=OFF`` does not); a trace rate of 0; an opentelemetry setting read only in that mode; a
+    restriction's value holding ':'."""
     if server == "ferry":
         assert check(cli_options(*argv))
     else:
@@ -192,6 +206,31 @@ REFUSED = [
      "The server cannot listen to HTTP requests and metrics requests at the same address and port 0.0.0.0:9000"),
     (("--grpc-port=9000", "--metrics-port=9000"),
      "The server cannot listen to GRPC requests and metrics requests at the same address and port 0.0.0.0:9000"),
+    (("--response-cache-byte-size=1048576", "--cache-config=local,size=1048576"),
+     "Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one or "
+     "the other."),
+    (("--cache-config=,size=1",), ("No cache specified. --cache-config option format is <cache name>,<setting>=<value>. "
+                                   "Got ,size=1")),
+    (("--cache-config=local,=1",), "--cache-config option format is '<cache name>,<setting>=<value>'. Got local,=1"),
+    (("--http-restricted-api=model-repository:a=",),
+     "--http-restricted-api option format is '<config name>:<setting>=<value>'. Got model-repository:a="),
+    (("--http-restricted-api=foo:a=b",), "unknown restricted api 'foo'"),
+    (("--grpc-restricted-protocol=foo:a=b",), "unknown restricted protocol 'foo'"),
+    (("--http-restricted-api=health:a=b", "--http-restricted-api=health:c=d"),
+     "restricted api 'health' can not be specified in multiple config groups"),
+    (("--trace-config=,rate=1",), ("No trace mode specified. --trace-config option format is <trace mode>,<setting>="
+                                   "<value> or <setting>=<value>. Got ,rate=1")),
+    (("--trace-config=rate=",), "--trace-config option format is '<trace mode>,<setting>=<value>'. Got rate="),
+    (("--trace-config=level=FOO",), "invalid value for trace level option: foo"),
+    (("--trace-level=FOO",), "invalid value for trace level option: foo"),
+    (("--trace-config=mode=bogus",),
+     'invalid value for trace mode option: bogus. Available options are "triton" and "opentelemetry"'),
+    (("--trace-config=rate=abc",), "Invalid option value. Got abc"),
+    (("--repository-poll-secs=abc",), "Invalid option value. Got abc"),
+    (("--http-port=abc",), "Invalid option value. Got abc"),
+    (("--log-format=iso8601",), "invalid argument for --log-format"),
+    (("--model-control-mode=sometimes",), "invalid argument for --model-control-mode"),
+    (("--rate-limit=bogus",), "invalid argument for --rate-limit"),
 ]
 
 
@@ -199,7 +238,8 @@ REFUSED = [
 @pytest.mark.parametrize(("argv", "words"), REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
 def test_refused_in_tritonserver_words(server, argv, words, tmp_path, capsys):
     """yes/no are no booleans to tritonserver; --load-model needs explicit mode; empty backend-config parts; two
-    enabled endpoints on one address and port. Ferry exits 2 (tritonserver 1, module docstring)."""
+    enabled endpoints on one address and port; both cache flags; malformed cache, restriction and trace settings; words
+    and numbers it cannot read. Ferry exits 2 (tritonserver 1, module docstring)."""
     if server == "ferry":
         assert words in refusal(capsys, *argv)
     else:

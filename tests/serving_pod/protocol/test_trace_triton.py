@@ -335,6 +335,10 @@ SETTINGS = [
     ("", {"trace_count": "0"}),  # allowed while tracing is off
     ("", {"trace_level": ["TIMESTAMPS"]}),  # refused: the count kept is 0 (as after perf_analyzer --trace-count)
     ("", {"trace_count": None}),
+    ("", {"trace_level": ["TENSORS", "TIMESTAMPS"]}),  # answered in tritonserver's order, whatever the request's
+    ("add_sub", {"trace_level": ["TENSORS", "TIMESTAMPS"], "trace_rate": "2"}),
+    ("add_sub", {"trace_level": None, "trace_rate": None}),  # back to the state the gRPC pass starts from
+    ("", {"trace_level": None}),
 ]
 
 
@@ -387,6 +391,7 @@ def test_trace_settings_answers(ferry_settings_answers, tmp_path_factory):
         assert (level(ok[14]), rate(ok[14]), count(ok[14])) == (["OFF"], "0", "3")
         assert (level(ok[21]), rate(ok[21])) == (["OFF"], "1000")
         assert (level(ok[23]), count(ok[23]), count(ok[25])) == (["OFF"], "0", "-1")
+        assert level(ok[26]) == level(ok[27]) == ["TIMESTAMPS", "TENSORS"]
 
 
 def _one(value: Any) -> str:
@@ -408,6 +413,31 @@ def test_a_setting_that_cannot_trace_is_refused_and_samples_nothing():
         tracer.update("", {"trace_level": ["TIMESTAMPS"]})
     started = Tracer(TraceConfig(level=("TIMESTAMPS",), rate=1))  # accepted at startup, as tritonserver
     assert not started.enabled and started.start("m", "1", "", 1) is None
+
+
+#: tritonserver 2.51's answer to GET /v2/trace/setting under ``--trace-config=mode=opentelemetry
+#: --trace-config=level=TIMESTAMPS`` (gRPC: the same, each value in a list): its batch span processor settings too
+TRITON_OPENTELEMETRY_SETTINGS = {
+    "trace_level": ["TIMESTAMPS"], "trace_rate": "1000", "trace_count": "-1", "trace_mode": "opentelemetry",
+    "bsp_max_export_batch_size": "512", "bsp_schedule_delay": "5000", "bsp_max_queue_size": "2048"}
+
+
+def test_opentelemetry_settings_report_the_batch_span_processor(monkeypatch):
+    """Ferry left out the ``bsp_*`` settings tritonserver reports in opentelemetry mode (defaults, OTEL_BSP_* or
+    ``--trace-config opentelemetry,bsp_...``, read only in that mode and refused in tritonserver's words)."""
+    for variable in ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+    flags = ["mode=opentelemetry", "level=TIMESTAMPS"]
+    tracer = Tracer(parse_trace_config(flags), otel_tracer=object())
+    assert tracer.settings("") == TRITON_OPENTELEMETRY_SETTINGS
+    assert tracer.update("", {"trace_rate": "5"}) == {**TRITON_OPENTELEMETRY_SETTINGS, "trace_rate": "5"}
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4096")
+    given = parse_trace_config([*flags, "opentelemetry,bsp_schedule_delay=100"]).as_dict()
+    assert (given["bsp_schedule_delay"], given["bsp_max_queue_size"]) == ("100", "4096")
+    with pytest.raises(ValueError, match='^Bad option: "--trace-config opentelemetry,bsp_max_export_batch_size". '
+                                         'Invalid option value. Got many$'):
+        parse_trace_config([*flags, "opentelemetry,bsp_max_export_batch_size=many"])
+    assert "bsp_max_queue_size" not in parse_trace_config(["opentelemetry,bsp_max_queue_size=many"]).as_dict()
 
 
 @pytest.mark.parametrize(("flags", "level"), [

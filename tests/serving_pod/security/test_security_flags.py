@@ -45,14 +45,14 @@ def test_flags_map_tocli_options(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--http-restricted-api=admin:k=v"], "unknown group 'admin'"),
-        (["--grpc-restricted-protocol=health"], "expected <group>"),
+        (["--http-restricted-api=admin:k=v"], "unknown restricted api 'admin'"),
+        (["--grpc-restricted-protocol=health"], "--grpc-restricted-protocol option format is '<config name>:<setting>=<value>'. Got health"),
         (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
         (["--http-ssl-cert=/nonexistent.pem"], "--http-ssl-cert and --http-ssl-key must be given together"),
         (["--http-ssl-cert=/nonexistent.pem", "--http-ssl-key=/nonexistent.key"], "no such file"),
         (["--http-ssl-mutual=true"], "--http-ssl-mutual=true needs"),
-        (["--trace-config=zipkin,url=x"], "unknown trace mode"),
-        (["--trace-config=rate=abc"], "Unable to parse 'trace_rate'"),
+        (["--trace-config=zipkin,url=x"], "invalid value for trace mode option: zipkin"),
+        (["--trace-config=rate=abc"], "Invalid option value. Got abc"),
         (["--allow-client-shm=maybe"], "invalid value for bool option"),
         (["--http-read-timeout-secs=0"], "value must be > 0"),
     ],
