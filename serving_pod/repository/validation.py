@@ -200,6 +200,14 @@ def _validate_batching(config: mc.ModelConfig) -> None:
                 f"model '{name}': only one priority level is allowed when 'preserve_ordering' is true "
                 f"(priority_levels is {batching.priority_levels})"
             )
+        policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+        if batching.preserve_ordering and any(
+            policy.default_timeout_microseconds and policy.timeout_action == mc.ModelQueuePolicy.DELAY
+            for policy in policies
+        ):  # Triton's words (its ValidateModelConfig)
+            raise PollRefused(
+                f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {name}"
+            )
         if batching.priority_levels and not (
             0 < batching.default_priority_level <= batching.priority_levels
         ):

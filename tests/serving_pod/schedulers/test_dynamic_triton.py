@@ -18,7 +18,8 @@ delay, Triton's prefetching (without a queue policy the batch waiting for an ins
 size: preferred [4] and 8 queued give 5 then 3; with one, 3 then 2 for preferred [2, 3]), different shapes on
 a variable dim (never one batch; ``allow_ragged_batch`` lifts that), different optional input sets, batch
 statistics and ``nv_inference_*`` counts, ``preserve_ordering``, requests queued while their model unloads,
-and which bad ``dynamic_batching`` configs are refused at load.
+and which bad ``dynamic_batching`` configs are refused at load (``preserve_ordering`` with a DELAY policy that
+has a timeout among them).
 
 Kept different on purpose, so not compared: why a load is refused (Triton answers "failed to load '<m>', failed
 to poll from model repository" with 500 and logs the reason; Ferry answers 400 with the reason); a negative ``priority`` / ``timeout`` (Triton: 500 over HTTP, accepted over gRPC; Ferry: 400 /
@@ -86,6 +87,13 @@ LOADS: dict[str, tuple[str, int]] = {
                                "priority_queue_policy { key: 3 value { max_queue_size: 1 } }"), 4),
     "bad_policy_level_zero": (("priority_levels: 2 default_priority_level: 1 "
                               "priority_queue_policy { key: 0 value { max_queue_size: 1 } }"), 4),
+    # preserve_ordering with a DELAY policy that can time out (the default one, or a level's), recorded live
+    "bad_ordered_delay": ("preserve_ordering: true default_queue_policy { timeout_action: DELAY "
+                          "default_timeout_microseconds: 100 }", 4),
+    "bad_ordered_level_delay": (("preserve_ordering: true priority_levels: 1 default_priority_level: 1 "
+                                 "priority_queue_policy { key: 1 value { timeout_action: DELAY "
+                                 "default_timeout_microseconds: 5 } }"), 4),
+    "ok_ordered_delay_without_timeout": ("preserve_ordering: true default_queue_policy { timeout_action: DELAY }", 4),
     "ok_unbatched": ("", 0),
     "ok_default_level_without_levels": ("default_priority_level: 5", 4),
     "ok_repeated_preferred": ("preferred_batch_size: [ 2, 2, 4 ] max_queue_delay_microseconds: 100", 4),
