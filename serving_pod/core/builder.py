@@ -207,7 +207,8 @@ class VersionBuilder:
             )
             made.instances.append(backend.create_instance(context))
             made.names.append(instance_name)
-        fresh = [index for index in range(len(made.instances)) if index not in made.kept]
+        passive = instance_groups.passive_indices(config)  # Triton warms up only the instances it schedules
+        fresh = [index for index in range(len(made.instances)) if index not in made.kept and index not in passive]
         made.warmups = warm_up(config, model_dir, str(version), [made.instances[i] for i in fresh])
 
     def assemble(
@@ -231,7 +232,8 @@ class VersionBuilder:
             # a kept instance runs on its worker thread still; it is held until the previous pool has drained
             adopted = {index: previous.worker(kept) for index, kept in pools.kept.items()} if previous else {}
             pool = InstancePool(pools.instances, pools.names, stats, model.batch_size_of, execution_mode=mode or "auto",
-                                signatures=pools.signatures, adopted=adopted)
+                                signatures=pools.signatures, adopted=adopted,
+                                passive=instance_groups.passive_indices(config))
         model.pool = pool
         if pool is not None:
             for run in pools.warmups:

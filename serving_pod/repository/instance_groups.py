@@ -12,6 +12,8 @@
 * ``placements``: the instances to create, in Triton's order and with Triton's names (``<group>_<i>``;
   a KIND_GPU group makes instance ``i`` once per GPU, under the same name).
 * ``signature``: what an instance-group update matches instances by (Triton's instance signature).
+* ``passive_indices``: the instances of ``passive: true`` groups, which Triton loads but neither warms up nor
+  schedules (nor counts in the rate limiter).
 
 The visible GPUs are those CUDA enumerates (NVML's, through ``CUDA_VISIBLE_DEVICES`` where it is set) of at
 least ``--min-supported-compute-capability`` (default 6.0, as Triton's).
@@ -155,3 +157,11 @@ def signature(group: mc.ModelInstanceGroup, device: int) -> bytes:
     normalized.name = "[Normalized]"
     normalized.count = 1
     return device.to_bytes(4, "little", signed=True) + normalized.SerializeToString(deterministic=True)
+
+
+def passive_indices(config: mc.ModelConfig) -> frozenset[int]:
+    """Positions in ``placements`` of the instances of ``passive: true`` groups: loaded, never warmed up nor
+    scheduled. Where every instance is passive, none is (Ferry's choice: Triton 2.51 crashes on the first request
+    to such a model, recorded live, and its python backend serves nothing)."""
+    passive = frozenset(index for index, (_, _, _, group) in enumerate(placements(config)) if group.passive)
+    return frozenset() if len(passive) == sum(1 for _ in placements(config)) else passive

@@ -168,6 +168,7 @@ class InstancePool:
         *,
         signatures: list[bytes] | None = None,
         adopted: dict[int, ThreadPoolExecutor] | None = None,
+        passive: frozenset[int] = frozenset(),
     ) -> None:
         self.instances = instances
         self.names = names
@@ -182,6 +183,8 @@ class InstancePool:
         ]
         #: instances taken over from the version's previous pool: idle only once ``admit`` says that pool is done
         self.held: set[int] = set(adopted)
+        #: instances of ``passive: true`` groups (``instance_groups.passive_indices``): loaded, never scheduled
+        self.passive = passive
         #: instances this pool handed over to the next pool of its version: ``close`` leaves them running
         self._handed_over: set[int] = set()
         self._listeners: list[Callable[[], None]] = []
@@ -192,7 +195,7 @@ class InstancePool:
         self._on_loop = [getattr(instance, "execute_on_loop", None) for instance in instances]
         #: instances whose execution releases the GIL in native code: their worker gets the GIL handed over
         self._hand_off = [bool(getattr(instance, "releases_gil", False)) for instance in instances]
-        self._idle: deque[int] = deque(index for index in range(len(instances)) if index not in self.held)
+        self._idle: deque[int] = deque(i for i in range(len(instances)) if i not in self.held and i not in passive)
         #: callers of ``acquire`` waiting for an instance, first come first served: ``release`` hands the instance
         #: to the first of them directly, so no caller that comes later can take it before the woken one runs
         self._waiters: deque[asyncio.Future[int]] = deque()
@@ -242,7 +245,8 @@ class InstancePool:
     def admit(self, index: int) -> None:
         """A held instance (``held``) is idle from now on: the previous pool of its version has drained."""
         self.held.discard(index)
-        self.release(index)
+        if index not in self.passive:
+            self.release(index)
         listeners, self._listeners = self._listeners, []
         for callback in listeners:
             callback()
@@ -263,7 +267,7 @@ class InstancePool:
         one at a time, so while it runs inline none of its executions is on its thread.
         """
         for index, mode in enumerate(self._modes):
-            if mode.inline and not mode.suspends and index not in self.held:
+            if mode.inline and not mode.suspends and index not in self.held and index not in self.passive:
                 return index
         return None
 

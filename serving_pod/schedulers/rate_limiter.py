@@ -12,7 +12,13 @@ Semantics (Triton's rate_limiter.md):
   holds ``count`` copies of each resource while it executes; without resources it always may run;
 - copies available per device (``global: true``: one pool for the whole server); by default as
   many as the most any loaded instance needs; ``--rate-limit-resource=<name>:<count>[:<device>]``
-  sets them explicitly (an instance needing more than that fails to load);
+  sets them explicitly, as Triton's ResourceManager reads them: a name given twice for one device keeps the
+  smaller count, a device has the larger of its own and the every-device count, a global resource the largest
+  count given for its name anywhere, and a resource no flag names has none once any flag is given. An instance
+  needing more than that fails to load, as does one whose resource is global in one instance and per device in
+  another (:func:`check_resources`, Triton's words);
+- a resource named twice in one group counts once, with the count given last (Triton's resource map);
+- passive instances (``instance_group { passive: true }``) never execute, so they hold no resources;
 - when resources are freed, waiting model instances are served by ``priority`` x executions so
   far (lower first): priority 2 gets half the turns of priority 1.
 
@@ -73,30 +79,32 @@ class RateLimiter:
     """Resource copies shared by every model instance of one engine."""
 
     def __init__(self, settings: tuple[ResourceSetting, ...] = ()) -> None:
-        self._explicit = {(s.name, s.device): s.count for s in settings}
+        #: (name, device or None for every device) -> copies; a name given twice for one device keeps the fewer
+        self._explicit: dict[tuple[str, int | None], int] = {}
+        for setting in settings:
+            key = (setting.name, setting.device)
+            self._explicit[key] = min(setting.count, self._explicit.get(key, setting.count))
         self._demands: dict[Key, list[int]] = {}
         self._in_use: dict[Key, int] = {}
         self._wanting: dict[RateLimitedPool, None] = {}
 
     def capacity(self, key: Key) -> int:
         scope, name = key
-        if scope != "global" and (name, scope) in self._explicit:
-            return self._explicit[(name, scope)]
-        if (name, None) in self._explicit:
-            return self._explicit[(name, None)]
-        return max(self._demands.get(key) or [0])
+        if not self._explicit:
+            return max(self._demands.get(key) or [0])
+        if scope == "global":  # Triton looks for the name on every device
+            return max((count for (known, _), count in self._explicit.items() if known == name), default=0)
+        return max(self._explicit.get((name, scope), 0), self._explicit.get((name, None), 0))
 
     def register(self, instance: str, demand: Demand) -> None:
+        """Count ``demand`` in; ``ModelLoadError`` (and not counted) where the copies cannot cover it."""
         for key, count in demand.needs:
             self._demands.setdefault(key, []).append(count)
-        for key, count in demand.needs:
-            if count > self.capacity(key):
-                self.unregister(demand)
-                where = "globally" if key[0] == "global" else f"on device {key[0]}"
-                raise ModelLoadError(
-                    f"instance '{instance}' needs {count} of rate limiter resource '{key[1]}' but "
-                    f"only {self.capacity(key)} are available {where} (--rate-limit-resource)"
-                )
+        try:
+            check_resources(demand, self.capacity, self._demands)
+        except ModelLoadError:
+            self.unregister(demand)
+            raise
 
     def unregister(self, demand: Demand) -> None:
         for key, count in demand.needs:
@@ -146,7 +154,8 @@ class RateLimitedPool:
         self.priority = min((d.priority for d in demands), default=1)
         self.exec_count = 0
         self._registered = True
-        self._idle: deque[int] = deque(index for index in range(len(inner)) if index not in inner.held)
+        self.passive = inner.passive
+        self._idle: deque[int] = deque(i for i in range(len(inner)) if i not in inner.held and i not in self.passive)
         #: (future, instance wanted or None for any), in arrival order
         self._waiters: deque[tuple[asyncio.Future, int | None]] = deque()
         self._listeners: list[Callable[[], None]] = []
@@ -221,7 +230,8 @@ class RateLimitedPool:
     def admit(self, index: int) -> None:
         """A held instance of the inner pool is idle from now on (``InstancePool.admit``)."""
         self.inner.admit(index)
-        self._idle.append(index)
+        if index not in self.passive:
+            self._idle.append(index)
         self.serve()
 
     def notify_when_available(self, callback: Callable[[], None]) -> None:
@@ -271,12 +281,35 @@ def demands_of(config: Any) -> list[tuple[str, Demand]]:
     result: list[tuple[str, Demand]] = []
     for name, _, device, group in placements(config):
         limits = group.rate_limiter
-        needs = tuple(
-            (("global" if getattr(resource, "global") else device, resource.name), resource.count)
-            for resource in limits.resources
-        )
-        result.append((name, Demand(needs, max(1, limits.priority))))
+        needs: dict[Key, int] = {}  # a resource named twice: the count given last, as Triton's map keeps it
+        for resource in [] if group.passive else limits.resources:
+            needs[("global" if getattr(resource, "global") else device, resource.name)] = resource.count
+        result.append((name, Demand(tuple(needs.items()), max(1, limits.priority))))
     return result
+
+
+def check_resources(demand: Demand, capacity: Callable[[Key], int], demands: dict[Key, list[int]]) -> None:
+    """``ModelLoadError`` in Triton's words (ResourceManager's checks, in its order: global resources, then devices
+    in order, names sorted) for a ``demand`` the copies cannot cover, or whose resource is global here and per
+    device elsewhere among the registered ``demands`` (or the other way round)."""
+    for key, count in sorted(demand.needs, key=lambda need: (_scope_order(need[0][0]), need[0][1])):
+        if count > capacity(key):
+            raise ModelLoadError(
+                f'Resource count for "{key[1]}" is limited to {capacity(key)} which will prevent scheduling of one '
+                f"or more model instances, the minimum required count is {count}"
+            )
+    global_names = sorted(name for scope, name in demands if scope == "global")
+    for name in global_names:
+        if any(scope != "global" and known == name for scope, known in demands):
+            raise ModelLoadError(
+                f'Resource "{name}" is present as both global and device-specific resource in the model '
+                "configuration."
+            )
+
+
+def _scope_order(scope: Any) -> int:
+    """Triton's key order for a resource's scope: the global resources first, then device ids."""
+    return -2 if scope == "global" else int(scope)
 
 
 _limiters: "weakref.WeakKeyDictionary[Any, RateLimiter]" = weakref.WeakKeyDictionary()

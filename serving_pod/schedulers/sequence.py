@@ -140,7 +140,8 @@ class SequenceScheduler:
         self._timers = LoopClock()  # a lane's wait for its candidate's delay (real time, to the microsecond)
         self._lanes = [_Lane(index, spec.slots_per_instance) for index in range(len(pool))]
         # free slots as (slot, lane): new sequences spread over instances before filling batch slots
-        self._free = [(slot, lane) for slot in range(spec.slots_per_instance) for lane in range(len(pool))]
+        active = [lane for lane in range(len(pool)) if lane not in getattr(pool, "passive", ())]  # as Triton's
+        self._free = [(slot, lane) for slot in range(spec.slots_per_instance) for lane in active]
         heapq.heapify(self._free)
         self._active: dict[SequenceKey, _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()

@@ -1,5 +1,5 @@
-"""Instance groups give that many concurrent executions (requests spread over all instances); grpc.health.v1
-follows readiness; the inline fast path keeps results and statistics identical to threaded execution."""
+"""Instance groups give that many concurrent executions (requests spread over all instances but passive ones);
+grpc.health.v1 follows readiness; the inline fast path keeps results and statistics identical to threaded execution."""
 
 from __future__ import annotations
 
@@ -75,6 +75,58 @@ def test_instance_count_gives_concurrent_executions(threaded_server, tmp_path):
     assert stats["queue"]["ns"] >= 2 * 250_000_000 * 0.9
     three = server.client("http").get_inference_statistics("three")["model_stats"][0]["inference_stats"]
     assert three["queue"]["ns"] < stats["queue"]["ns"]
+
+
+PASSIVE_AND_ACTIVE = "instance_group [ { count: 1 kind: KIND_CPU passive: true }, { count: 1 kind: KIND_CPU } ]"
+
+
+@pytest.mark.parametrize("scheduling", ["", "dynamic_batching { }", "sequence_batching { }", "rate_limit"])
+def test_passive_instances_are_loaded_but_never_scheduled(threaded_server, tmp_path, scheduling):
+    """Triton 2.51 loads a ``passive: true`` group's instances but schedules only the others: two concurrent
+    requests to one passive and one active instance ran one after the other (recorded live: answered after 1.1 s
+    and 2.1 s for 1 s executions, with and without the dynamic batcher and the rate limiter). Ferry ran them on
+    both instances at once."""
+    batching = "" if scheduling == "rate_limit" else scheduling
+    config = test_model_config("p", max_batch_size=0, extra=f"""{PASSIVE_AND_ACTIVE}
+{batching}
+parameters {{ key: "execute_delay_ms" value {{ string_value: "300" }} }}""")
+    write_model(tmp_path, "p", config)
+    server = threaded_server([tmp_path], rate_limit="execution_count" if scheduling == "rate_limit" else "off")
+    if scheduling.startswith("sequence"):
+        elapsed = _fire_sequences(server, "p", 2)
+    else:
+        elapsed = _fire(server, "p", 2)
+    assert _instance_names_used(server, "p")[-2:] == [0, 2]  # the passive instance comes first (group order)
+    assert elapsed >= 0.55
+
+
+def _fire_sequences(server, model: str, sequences: int) -> float:
+    """``sequences`` one-request sequences at once (ids 1..), over HTTP; the seconds they took."""
+    import tritonclient.http as httpclient
+
+    def one(sequence_id: int) -> None:
+        tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+        httpclient.InferenceServerClient(server.http_url).infer(
+            model, [tensor], sequence_id=sequence_id, sequence_start=True, sequence_end=True)
+
+    threads = [threading.Thread(target=one, args=(i + 1,)) for i in range(sequences)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return time.monotonic() - start
+
+
+def test_a_model_whose_every_instance_is_passive_still_serves(threaded_server, tmp_path):
+    """Ferry's choice: Triton 2.51 crashes (SIGSEGV) on the first request to such a model (recorded live)."""
+    config = test_model_config("allp", max_batch_size=0,
+                               extra="instance_group [ { count: 1 kind: KIND_CPU passive: true } ]")
+    write_model(tmp_path, "allp", config)
+    server = threaded_server([tmp_path])
+    _fire(server, "allp", 1)
+    assert _instance_names_used(server, "allp")[-1:] == [1]
 
 
 @pytest.mark.parametrize("mode", ["thread", "inline", "auto"])

@@ -223,3 +223,11 @@ def test_on_a_gpu_an_onnxruntime_without_cuda_keeps_kind_auto_on_the_cpu(tmp_pat
     has_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     expected = ("mlp", "KIND_GPU", gpus, 1) if has_cuda else ("mlp", "KIND_CPU", [], 1)
     assert _groups(prepare_config("mlp", model_dir)[0]) == [expected]
+
+
+def test_passive_indices_are_the_passive_groups_instances_unless_every_one_is() -> None:
+    config = text_format.Parse("""name: "m" instance_group [ { name: "a" count: 2 kind: KIND_CPU },
+                                  { name: "p" count: 2 kind: KIND_CPU passive: true } ]""", mc.ModelConfig())
+    assert instance_groups.passive_indices(config) == {2, 3}
+    config.instance_group[0].passive = True  # every instance passive: Ferry schedules them all (Triton crashes)
+    assert instance_groups.passive_indices(config) == frozenset()

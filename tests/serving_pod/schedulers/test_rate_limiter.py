@@ -65,9 +65,38 @@ def test_explicit_counts_per_device_and_too_few_fail_the_load() -> None:
     limiter = RateLimiter((ResourceSetting("R1", 10), ResourceSetting("R2", 5, 0), ResourceSetting("R2", 8, 1)))
     assert [limiter.capacity((d, "R2")) for d in (0, 1)] == [5, 8]
     assert limiter.capacity((3, "R1")) == 10 and limiter.capacity(("global", "R1")) == 10
-    with pytest.raises(ModelLoadError, match="needs 6 of rate limiter resource 'R2' but only 5"):
+    with pytest.raises(ModelLoadError, match='Resource count for "R2" is limited to 5 .* the minimum required count is 6'):
         limiter.register("inst", Demand((((0, "R2"), 6),)))
     assert limiter.capacity((0, "R2")) == 5
+
+
+def test_explicit_counts_combine_as_tritons_resource_manager() -> None:
+    """A name given twice for a device keeps the smaller count; a device has the larger of its own and the
+    every-device count; a global resource the largest given for its name; a resource no flag names has none."""
+    limiter = RateLimiter((ResourceSetting("R", 3), ResourceSetting("R", 1), ResourceSetting("D", 1, 0),
+                           ResourceSetting("D", 3), ResourceSetting("G", 2, 0), ResourceSetting("G", 4, 1)))
+    assert limiter.capacity((0, "R")) == 1 and limiter.capacity((0, "D")) == 3 and limiter.capacity((1, "D")) == 3
+    assert limiter.capacity(("global", "G")) == 4 and limiter.capacity(("global", "R")) == 1
+    assert limiter.capacity((0, "X")) == 0 and limiter.capacity(("global", "X")) == 0
+    assert RateLimiter().capacity((0, "X")) == 0  # without flags: what the instances need (none registered here)
+
+
+def test_a_resource_both_global_and_per_device_fails_the_load() -> None:
+    limiter = RateLimiter()
+    limiter.register("a", Demand((((0, "R"), 1),)))
+    with pytest.raises(ModelLoadError, match='^Resource "R" is present as both global and device-specific resource'):
+        limiter.register("b", Demand(((("global", "R"), 1),)))
+    assert limiter.registrations() == {(0, "R"): (1,)}  # the refused instance is not counted
+
+
+def test_a_resource_named_twice_counts_once_and_passive_instances_need_none() -> None:
+    config = text_format.Parse(
+        """name: "m" instance_group [
+             { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 }, { name: "R" count: 2 } ] } },
+             { count: 1 kind: KIND_CPU passive: true rate_limiter { resources [ { name: "R" count: 5 } ] } } ]""",
+        mc.ModelConfig(),
+    )
+    assert [demand.needs for _, demand in demands_of(config)] == [(((0, "R"), 2),), ()]
 
 
 def make_pool(limiter: RateLimiter, demand: Demand, count: int = 1) -> RateLimitedPool:
@@ -207,7 +236,7 @@ async def test_too_few_explicit_copies_fail_the_load(tmp_path: Path, server_fact
         [tmp_path], rate_limit="execution_count", rate_limit_resources=("R:2",),
         model_control_mode="explicit",
     )
-    with pytest.raises(ModelLoadError, match="needs 3 of rate limiter resource 'R' but only 2"):
+    with pytest.raises(ModelLoadError, match='Resource count for "R" is limited to 2 .* minimum required count is 3'):
         await handle.engine.load_model("greedy")
     assert not handle.engine.model_ready("greedy")
 
@@ -224,3 +253,62 @@ def test_rate_limit_flags() -> None:
     for bad in (["--rate-limit", "on"], ["--rate-limit-resource", "R1"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(bad)
+
+
+# --- load refusals beside Triton 2.51 (recorded live with its python backend, the same groups) -----------------
+def _groups(*resources: tuple[str, bool, int]) -> str:
+    listed = ", ".join(f'{{ name: "{name}" global: {str(is_global).lower()} count: {count} }}'
+                       for name, is_global, count in resources)
+    return f"instance_group [ {{ count: 1 kind: KIND_CPU rate_limiter {{ resources [ {listed} ] }} }} ]"
+
+
+#: model -> its instance groups
+LIMITED_MODELS = {
+    "r1": _groups(("R", False, 1)), "r2": _groups(("R", False, 2)), "r5": _groups(("R", False, 5)),
+    "g1": _groups(("G", True, 1)), "g3": _groups(("G", True, 3)), "rg": _groups(("R", True, 1)),
+    "x2": _groups(("X", False, 2)), "dup": _groups(("R", False, 1), ("R", False, 2)),
+    "both": ('instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "B" count: 1 } ] } }, '
+             '{ count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "B" global: true count: 1 } ] } } ]'),
+}
+_LIMITED = 'Resource count for "{}" is limited to {} which will prevent scheduling of one or more model instances, ' \
+    "the minimum required count is {}"
+_BOTH = 'Resource "{}" is present as both global and device-specific resource in the model configuration.'
+#: --rate-limit-resource values -> [(model loaded in this order, Triton's refusal or None where it loads)]
+RECORDED_LOADS: dict[tuple[str, ...], list[tuple[str, str | None]]] = {
+    ("R:1",): [("r1", None), ("r2", _LIMITED.format("R", 1, 2)), ("g1", _LIMITED.format("G", 0, 1)),
+               ("rg", _BOTH.format("R")), ("x2", _LIMITED.format("X", 0, 2)), ("dup", _LIMITED.format("R", 1, 2)),
+               ("both", _LIMITED.format("B", 0, 1))],
+    ("R:3", "R:1"): [("r2", _LIMITED.format("R", 1, 2)), ("r1", None)],
+    ("R:1", "R:3"): [("r2", _LIMITED.format("R", 1, 2)), ("r1", None)],
+    ("R:1:0", "R:3"): [("r2", None), ("r5", _LIMITED.format("R", 3, 5))],
+    ("R:3:0", "R:1"): [("r2", None), ("r5", _LIMITED.format("R", 3, 5))],
+    ("G:2:0",): [("g1", None), ("g3", _LIMITED.format("G", 2, 3)), ("r1", _LIMITED.format("R", 0, 1))],
+    ("R:2:1",): [("r1", _LIMITED.format("R", 0, 1)), ("dup", _LIMITED.format("R", 0, 2))],
+    (): [("x2", None), ("g3", None), ("r1", None), ("rg", _BOTH.format("R")), ("dup", None),
+         ("both", _BOTH.format("B"))],
+}
+
+
+@pytest.mark.parametrize("resources", list(RECORDED_LOADS), ids=lambda r: " ".join(r) or "none")
+def test_rate_limited_loads_as_recorded_from_triton(tmp_path: Path, threaded_server, resources: tuple[str, ...]) -> None:
+    """Which models load under ``--rate-limit=execution_count`` and these ``--rate-limit-resource`` values, and the
+    refusal (the version's failure, 400 / INVALID_ARGUMENT, Triton's words) over HTTP and gRPC. Before: Ferry took
+    the last of a name given twice, a device's own count over the every-device one, a global resource only from an
+    every-device flag, any resource no flag named as available, and a resource both global and per device."""
+    for name, groups in LIMITED_MODELS.items():
+        write_model(tmp_path, name, test_model_config(name, extra=groups))
+    handle = threaded_server([tmp_path], rate_limit="execution_count", rate_limit_resources=resources,
+                             model_control_mode="explicit")
+    for protocol in ("http", "grpc"):
+        client = handle.client(protocol)
+        for name, refusal in RECORDED_LOADS[resources]:
+            try:
+                client.load_model(name)
+            except Exception as exc:  # tritonclient's InferenceServerException, either protocol
+                assert refusal is not None, (name, exc)
+                expected = f"load failed for model '{name}': version 1 is at UNAVAILABLE state: Invalid argument: "
+                assert exc.message() == f"{expected}{refusal};\n" and exc.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+            else:
+                assert refusal is None, name
+        for name, _ in RECORDED_LOADS[resources]:
+            client.unload_model(name)
