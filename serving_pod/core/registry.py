@@ -22,6 +22,10 @@ A load of a loaded model does what Triton's does (``core.updates``): nothing whe
 newer than at its last load (a ``config`` override always counts as newer, and makes a later load without one find
 nothing newer, keeping the override, as Triton 2.51, even across an unload; but a model first loaded with an override
 reads its repository files at the next load without one); else each version is updated in place or loaded afresh.
+
+Poll mode, as Triton 2.51: a model whose directory left the repository unloads and leaves the index, though requests
+still find it with no available versions, and loads afresh when it comes back (``ModelEntry.removed``); a version
+unloaded (its directory removed, say) is "not at ready state", not "not found", while other versions serve.
 """
 
 from __future__ import annotations
@@ -128,6 +132,10 @@ class ModelEntry:
     #: its version policy left no version to load once: Triton's life cycle holds it from then on, with no version,
     #: so a request for it finds it "has no available versions" (not "is not found": a refused config is not held)
     held: bool = False
+    #: its directory left the repository (poll mode): unloaded, and no longer listed by the index, while requests
+    #: for it still find it "has no available versions", as Triton 2.51's life cycle keeps the name; back in the
+    #: repository, it loads afresh whatever its files' times
+    removed: bool = False
 
 
 class ModelRegistry:
@@ -177,6 +185,8 @@ class ModelRegistry:
             raise model_not_ready(name, version or None)
         model = _ready_version(ready, version)  # as Triton reads it ("03" -> "3")
         if model is None:
+            if int(version) in entry.versions:  # as Triton: a version its life cycle holds (unloaded, failed)
+                raise model_not_ready(name, version)
             raise unknown_version(name, version)
         return model
 
@@ -213,6 +223,8 @@ class ModelRegistry:
         names = sorted(set(sources) | set(self.entries))
         for name in names:
             entry = self.entries.get(name)
+            if entry is not None and entry.removed and name not in sources:
+                continue  # as Triton: a model whose directory left the repository is not listed
             if entry is None or not entry.versions:
                 if not ready_only:
                     # refused before any version was tried: Triton lists the name only (the reason only in its log);
@@ -258,6 +270,7 @@ class ModelRegistry:
                         del self.entries[name]  # nothing of it was ever loaded: no trace in the index
                     raise
             entry.awaiting = frozenset()  # loading now: no longer waits for its composing models
+            entry.removed = False
             first_load = not entry.ready
             timestamp = None
             if override_dir is None:
@@ -417,8 +430,8 @@ class ModelRegistry:
         sources, duplicates = await asyncio.to_thread(self.repository.scan)
         failures: dict[str, str] = dict(duplicates)
         for name, loaded in list(self.entries.items()):
-            if name not in sources and loaded.ready:
-                await self.unload(name)
+            if name not in sources and not loaded.removed:
+                await self._remove(name)
         changed = [
             name for name, source in sources.items()
             if name not in self.entries or self.entries[name].signature != source.signature
@@ -436,6 +449,15 @@ class ModelRegistry:
                     # remember the broken signature so the same broken edit is not retried every poll
                     entry.signature = sources[name].signature
         return failures
+
+    async def _remove(self, name: str) -> None:
+        """Poll mode: ``name``'s directory left the repository (``ModelEntry.removed``)."""
+        entry = self.entries[name]
+        if entry.ready:
+            await self.unload(name)
+        entry.removed = True
+        entry.refused = ""
+        entry.signature = ""  # back in the repository it is new, even with the times it had
 
     async def close(self) -> None:
         for name in list(self.entries):
