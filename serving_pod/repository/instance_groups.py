@@ -1,8 +1,9 @@
 """Instance groups as Triton's core completes and checks them: kinds, GPU ids and instance names.
 
-* ``complete`` (Triton's NormalizeInstanceGroup): one group of one instance named after the model where
-  the config has none, ``<model>_<i>`` for a group without a name, KIND_AUTO resolved, and every visible
-  GPU for a KIND_GPU group that lists none. KIND_AUTO becomes ``--default-instance-kind`` when that is
+* ``complete`` (Triton's NormalizeInstanceGroup): one group named after the model where the config has
+  none, ``<model>_<i>`` for a group without a name, KIND_AUTO resolved, the default count where a group gives
+  none (Triton's SetDefaultInstanceCount: 2 for a KIND_CPU group of an onnxruntime or tensorflow model, else 1),
+  and every visible GPU for a KIND_GPU group that lists none. KIND_AUTO becomes ``--default-instance-kind`` when that is
   set; otherwise KIND_GPU where GPUs are visible (and every GPU the group lists is one of them), else
   KIND_CPU. One difference from Triton, where every onnxruntime build has CUDA: an onnxruntime without the
   CUDA execution provider resolves KIND_AUTO to KIND_CPU.
@@ -31,6 +32,8 @@ from serving_pod.core.load_errors import VersionRefused
 
 #: Triton's default ``--min-supported-compute-capability``
 MIN_COMPUTE_CAPABILITY = 6.0
+#: backends whose KIND_CPU groups get two instances when they give no count (Triton's default_cpu_instance_count)
+_TWO_CPU_INSTANCES = ("onnxruntime", "tensorflow")
 
 
 def visible_gpus(min_capability: float = MIN_COMPUTE_CAPABILITY) -> list[int]:
@@ -90,15 +93,15 @@ def _capability(pynvml: Any, handle: Any) -> float:
     return major + minor / 10
 
 
-def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], gpu_capable: bool) -> None:
-    """Fill in the config's instance groups in place (``gpu_capable``: the backend can run on a GPU)."""
+def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], gpu_capable: bool,
+             backend: str = "") -> None:
+    """Fill in the config's instance groups in place (``gpu_capable``: the backend can run on a GPU; ``backend``: the
+    model's backend, which sets the default count)."""
     if not config.instance_group:
-        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
+        config.instance_group.add(name=config.name, kind=mc.ModelInstanceGroup.KIND_AUTO)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count == 0:
-            group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO and default_kind != "KIND_AUTO":
             group.kind = mc.ModelInstanceGroup.Kind.Value(default_kind)
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
@@ -107,6 +110,9 @@ def complete(config: mc.ModelConfig, *, default_kind: str, gpus: Sequence[int], 
                 del group.gpus[:]  # Ferry's difference: this onnxruntime cannot use the GPUs the group names
                 on_gpu = False
             group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+        if group.count == 0:  # after the kind is resolved, as Triton
+            two = group.kind == mc.ModelInstanceGroup.KIND_CPU and backend in _TWO_CPU_INSTANCES
+            group.count = 2 if two else 1
         if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.extend(gpus)
 

@@ -189,7 +189,7 @@ def _complete_instance_groups(config: mc.ModelConfig, backend: str, default_kind
         return
     gpus = instance_groups.visible_gpus(min_capability)
     instance_groups.complete(config, default_kind=default_kind, gpus=gpus,
-                             gpu_capable=bool(gpus) and _backend_can_use_gpu(backend))
+                             gpu_capable=bool(gpus) and _backend_can_use_gpu(backend), backend=backend)
     instance_groups.check(config, gpus, min_capability)
 
 

@@ -62,6 +62,18 @@ def _gpus_or_skip(want: bool) -> list[int]:
     return gpus
 
 
+def _onnx_mlp(root: Path, name: str, groups: str = "") -> Path:
+    """The embedded ONNX MLP under ``name``, its instance groups replaced by ``groups``."""
+    source = Path(__file__).parents[3] / "serving_pod" / "default_models" / "mlp_onnx"
+    model_dir = root / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.onnx").write_bytes((source / "1" / "model.onnx").read_bytes())
+    config = (source / "config.pbtxt").read_text().replace('name: "mlp_onnx"', f'name: "{name}"')
+    lines = [line for line in config.splitlines() if "instance_group" not in line]
+    (model_dir / "config.pbtxt").write_text("\n".join([*lines, groups]))
+    return model_dir
+
+
 def _groups(config: mc.ModelConfig) -> list[tuple[str, str, list[int], int]]:
     return [(g.name, mc.ModelInstanceGroup.Kind.Name(g.kind), list(g.gpus), g.count) for g in config.instance_group]
 
@@ -124,6 +136,37 @@ def test_without_a_gpu_kind_auto_is_kind_cpu_and_groups_are_named_as_triton_name
     assert _groups(prepare_config("m", model_dir)[0]) == [("m", "KIND_CPU", [], 1)]
     model_dir = write_model(tmp_path, "n", test_model_config("n", extra="instance_group [ { count: 2 }, { kind: KIND_AUTO } ]"))
     assert _groups(prepare_config("n", model_dir)[0]) == [("n_0", "KIND_CPU", [], 2), ("n_1", "KIND_CPU", [], 1)]
+
+
+@pytest.mark.parametrize("groups, expected", [
+    ("", [("mlp", "KIND_CPU", [], 2)]),
+    ("instance_group [ { kind: KIND_CPU }, { count: 3 }, { kind: KIND_MODEL } ]",
+     [("mlp_0", "KIND_CPU", [], 2), ("mlp_1", "KIND_CPU", [], 3), ("mlp_2", "KIND_MODEL", [], 1)]),
+])
+def test_without_a_gpu_an_onnxruntime_group_with_no_count_gets_two_cpu_instances(tmp_path: Path, groups: str,
+                                                                                  expected: list[Any]) -> None:
+    """Triton's SetDefaultInstanceCount: a KIND_CPU group of an onnxruntime (or tensorflow) model that gives no
+    count gets 2 instances; every other group, and every other backend's (the python model above), gets 1."""
+    _gpus_or_skip(False)
+    assert _groups(prepare_config("mlp", _onnx_mlp(tmp_path, "mlp", groups))[0]) == expected
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_without_a_gpu_an_onnxruntime_model_is_served_by_two_instances(threaded_server: Any, tmp_path: Path,
+                                                                       protocol: str) -> None:
+    """The served config says so, and the model answers."""
+    _gpus_or_skip(False)
+    _onnx_mlp(tmp_path, "mlp")
+    server = threaded_server([tmp_path], model_control_mode="explicit", load_models=("mlp",))
+    client, module = server.client(protocol), server.module(protocol)
+    config = client.get_model_config("mlp")
+    groups = (config["instance_group"] if protocol == "http" else
+              [{"name": g.name, "count": g.count, "kind": mc.ModelInstanceGroup.Kind.Name(g.kind)}
+               for g in config.config.instance_group])
+    assert [(g["name"], g["count"], g["kind"]) for g in groups] == [("mlp", 2, "KIND_CPU")]
+    tensor = module.InferInput("INPUT0", [1, 256], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 256), np.float32))
+    assert client.infer("mlp", [tensor]).as_numpy("OUTPUT0").shape == (1, 64)
 
 
 @pytest.mark.parametrize("groups, default_kind, message", [
@@ -214,14 +257,9 @@ def test_on_a_gpu_an_onnxruntime_without_cuda_keeps_kind_auto_on_the_cpu(tmp_pat
     import onnxruntime
 
     gpus = _gpus_or_skip(True)
-    source = Path(__file__).parents[3] / "serving_pod" / "default_models" / "mlp_onnx"
-    model_dir = tmp_path / "mlp"
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "1" / "model.onnx").write_bytes((source / "1" / "model.onnx").read_bytes())
-    config = (source / "config.pbtxt").read_text().replace('name: "mlp_onnx"', 'name: "mlp"')
-    (model_dir / "config.pbtxt").write_text("\n".join(l for l in config.splitlines() if "instance_group" not in l))
+    model_dir = _onnx_mlp(tmp_path, "mlp")
     has_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-    expected = ("mlp", "KIND_GPU", gpus, 1) if has_cuda else ("mlp", "KIND_CPU", [], 1)
+    expected = ("mlp", "KIND_GPU", gpus, 1) if has_cuda else ("mlp", "KIND_CPU", [], 2)
     assert _groups(prepare_config("mlp", model_dir)[0]) == [expected]
 
 
