@@ -31,8 +31,12 @@ and wraps the scheduler of every default, dynamic-batching or ensemble model wit
   cache and never reach the stateful model: kept apart on purpose.
 - Statistics as Triton keeps them: a hit counts as a success with ``cache_hit`` (lookup time) and no
   queue or compute time; every miss the model answered, with outputs or with an error, adds lookup
-  plus insert time to ``cache_miss``; a request refused before execution (queue timeout, queue full,
-  cancelled) adds nothing there.
+  plus insert time to ``cache_miss``, except one whose key another request stored meanwhile (Triton's
+  dynamic batcher skips an insert that finds its key ``ALREADY_EXISTS``: two identical requests in
+  one batch are one miss); a request refused before execution (queue timeout, queue full,
+  cancelled) adds nothing there. An ensemble counts a miss for each response it stores, a key
+  already stored included, and none for a request that failed (Triton's
+  ``CacheEnsembleTopLevelRequest`` runs on success only).
 - Server-wide totals as Triton's local cache keeps them (``hits``, ``misses``, ``lookups``,
   ``evictions``, ``lookup_ns``, ``insert_ns``, ``utilization()``): plain attributes bumped inside
   ``lookup`` and ``insert``, read by ``metrics`` at scrape time as the ``nv_cache_*`` gauges.
@@ -150,8 +154,9 @@ class ResponseCache:
 
     As in Triton's local cache, every lookup is a hit or a miss and is timed (``lookup_ns``); every
     insert is timed (``insert_ns``), those that store nothing (an entry larger than the cache, a key
-    already stored) included; ``evictions`` counts the entries pushed out to make room. ``used`` counts
-    the segment's header and each entry's block (``allocation_bytes``), as Triton's utilization does.
+    already stored, which keeps its place in the LRU order) included; ``evictions`` counts the entries
+    pushed out to make room. ``used`` counts the segment's header and each entry's block
+    (``allocation_bytes``), as Triton's utilization does.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
@@ -166,6 +171,9 @@ class ResponseCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
 
     @property
     def lookups(self) -> int:
@@ -188,7 +196,8 @@ class ResponseCache:
         return entry[0]
 
     def insert(self, key: bytes, outputs: list[Tensor]) -> bool:
-        """Store ``outputs`` under ``key`` (evicting least recently used); False if it cannot fit."""
+        """Store ``outputs`` under ``key`` (evicting least recently used); False if it cannot fit or ``key`` is
+        already stored."""
         start = time.monotonic_ns()
         try:
             return self._store(key, outputs)
@@ -196,9 +205,8 @@ class ResponseCache:
             self.insert_ns += time.monotonic_ns() - start
 
     def _store(self, key: bytes, outputs: list[Tensor]) -> bool:
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return True
+        if key in self._entries:  # Triton's local cache: ALREADY_EXISTS, the entry's LRU place untouched
+            return False
         serialized = entry_bytes(outputs)
         size = allocation_bytes(serialized)
         room = self.capacity - SEGMENT_TAIL_BYTES
@@ -220,12 +228,15 @@ class ResponseCache:
 class CachingScheduler:
     """Answers from the cache when it can; otherwise runs the inner scheduler and stores the answer."""
 
-    def __init__(self, inner: Any, cache: ResponseCache, stats: Any, all_outputs: frozenset[str] = frozenset()) -> None:
+    def __init__(self, inner: Any, cache: ResponseCache, stats: Any, all_outputs: frozenset[str] = frozenset(),
+                 *, ensemble: bool = False) -> None:
         self.inner = inner
         self.cache = cache
         self.stats = stats
         #: the config's output names: listing them all asks for what listing none does (``request_key``)
         self.all_outputs = all_outputs
+        #: an ensemble counts its misses as Triton's ensemble scheduler does (module docstring)
+        self.ensemble = ensemble
 
     def pending(self) -> int:
         return self.inner.pending()
@@ -247,11 +258,15 @@ class CachingScheduler:
         except (UnavailableError, CancelledError):
             raise  # refused before execution: Triton records no cache miss for it
         except ServerError:
-            self.stats.record_cache_miss(lookup_end - start)  # the model answered with an error: a miss, not stored
+            if not self.ensemble:  # the model answered with an error: a miss, not stored
+                self.stats.record_cache_miss(lookup_end - start)
             raise
         insert_start = time.monotonic_ns()
         if response is not None and response.final:
+            stored_meanwhile = key in self.cache
             self.cache.insert(key, list(response.outputs))
+            if stored_meanwhile and not self.ensemble:
+                return response  # Triton's dynamic batcher: an insert that finds its key stored is no miss
         self.stats.record_cache_miss(lookup_end - start + time.monotonic_ns() - insert_start)
         return response
 
@@ -327,4 +342,5 @@ def with_response_cache(model: Any, scheduler: Any, engine: Any) -> Any:
                 "batching scheduler, which the response cache does not support", config.name, stateful,
             )
             return scheduler
-    return CachingScheduler(scheduler, cache, model.stats, frozenset(output.name for output in config.output))
+    return CachingScheduler(scheduler, cache, model.stats, frozenset(output.name for output in config.output),
+                            ensemble=config.platform == "ensemble")

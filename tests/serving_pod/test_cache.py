@@ -101,6 +101,18 @@ def test_lru_by_bytes() -> None:
     assert len(cache) == 2 and cache.evictions == 1
 
 
+def test_a_key_stored_again_keeps_its_place_in_the_lru_order() -> None:
+    """Triton's local cache answers ALREADY_EXISTS to an insert of a key it holds (two identical requests in one
+    batch both missed) and leaves the entry where it was: the next eviction still takes it first (recorded on
+    Triton 2.51: tests/serving_pod/test_cache_triton.py)."""
+    size = allocation_bytes(entry_bytes(entry(1)))
+    cache = ResponseCache(room_for(2, size))
+    assert cache.insert(b"k_1", entry(1)) and cache.insert(b"k_2", entry(2))
+    assert not cache.insert(b"k_1", entry(1))
+    assert cache.insert(b"k_3", entry(3))
+    assert b"k_1" not in cache and b"k_2" in cache and cache.evictions == 1
+
+
 def test_an_entry_the_segment_can_never_hold_evicts_nothing() -> None:
     """Triton evicts every entry before it finds out such an entry cannot fit; Ferry refuses it at once."""
     size = allocation_bytes(entry_bytes(entry(1)))
@@ -125,7 +137,7 @@ def test_totals_as_tritons_local_cache_keeps_them(monkeypatch: pytest.MonkeyPatc
     assert cache.utilization() == (cache.capacity - SEGMENT_TAIL_BYTES) / cache.capacity
     assert cache.lookup(b"k_1") is not None
     assert cache.insert(b"k_3", entry(3))  # pushes k_2 out
-    assert cache.insert(b"k_3", entry(3))  # already there: timed, nothing evicted
+    assert not cache.insert(b"k_3", entry(3))  # already there (Triton's ALREADY_EXISTS): timed, nothing evicted
     assert not cache.insert(b"big", entry(4, nbytes=4 * size))  # larger than the whole cache: timed, a no-op
     assert cache.lookup(b"k_2") is None
     assert (cache.hits, cache.misses, cache.lookups, cache.evictions, len(cache)) == (1, 2, 3, 1, 2)
@@ -313,6 +325,25 @@ async def test_ensemble_top_level_hits_skip_the_composing_models(tmp_path: Path,
     text = (await in_thread(lambda: urllib.request.urlopen(handle.metrics_url).read())).decode()
     assert 'nv_cache_num_hits_per_model{model="ens",version="1"} 1' in text
     assert 'nv_cache_num_misses_per_model{model="ens",version="1"} 2' in text
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+async def test_a_failed_ensemble_request_is_no_cache_miss(tmp_path: Path, server_factory, protocol: str) -> None:
+    """Triton's ensemble counts a miss when it stores its answer, so a request a step failed adds none (a plain
+    model counts its failed requests as misses: test_cache_triton.py records both on Triton 2.51)."""
+    fail = 'parameters { key: "fail_on_value" value { string_value: "13" } }'
+    write_model(tmp_path, "step_a", test_model_config("step_a", extra=fail))
+    write_model(tmp_path, "step_b", test_model_config("step_b"))
+    write_model(tmp_path, "ens", ensemble_config("ens", ["step_a", "step_b"], extra=_cache()))
+    handle = await server_factory([tmp_path], cache_config=CACHE)
+    for _ in range(2):
+        with pytest.raises(Exception, match="failed on value"):
+            await in_thread(ensemble_infer, handle, protocol, 13.0)
+    assert await in_thread(ensemble_infer, handle, protocol, 5.0) == [[5.0] * 4]
+    stats = await in_thread(wire_stats, handle, protocol, "ens")
+    assert (stats["cache_hit"], stats["cache_miss"], stats["success"]) == (0, 1, 1)
+    text = (await in_thread(lambda: urllib.request.urlopen(handle.metrics_url).read())).decode()
+    assert 'nv_cache_num_misses_per_model{model="ens",version="1"} 1' in text
 
 
 async def test_ensemble_without_cache_enabled_always_runs_its_steps(tmp_path: Path, server_factory) -> None:

@@ -38,6 +38,7 @@ import contextlib
 import re
 import subprocess
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -161,6 +162,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _model(repo, "counting_dyn", f"{python}max_batch_size: 8\n{COUNTING_IO}{CACHED}\ndynamic_batching {{ }}\n", COUNTING)
     _model(repo, "counting_nb", f"{python}max_batch_size: 0\n{COUNTING_IO}{CACHED}\n", COUNTING)
     _model(repo, "plain", f"{python}max_batch_size: 8\n{COUNTING_IO}", COUNTING)
+    _model(repo, "counting_slow_batch", f"{python}max_batch_size: 8\n{COUNTING_IO}{CACHED}\n"
+           "dynamic_batching { max_queue_delay_microseconds: 1500000 }\n", COUNTING)
     _model(repo, "seq", f"{python}max_batch_size: 8\n{COUNTING_IO}{CACHED}\nsequence_batching {{ }}\n", COUNTING)
     _model(repo, "text", f"""{python}max_batch_size: 0
         input [ {{ name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] }} ]
@@ -484,6 +487,56 @@ def test_byte_accounting_and_evictions_match_triton(repository: Path, server: st
         metrics = c.metrics(lookups=len(ACCOUNTING) + 1)
         assert (_count(answer), metrics["nv_cache_num_entries"], metrics["nv_cache_num_evictions"]) == (
             ([12], 0, 10) if server == "triton" else ([12], 1, 9))
+
+
+# --- one batch with a request twice, a failing ensemble: which misses count -----------------
+#: a cache with room for two ``counting`` answers (128 + 2 * 224 + 16 bytes; each [1, 4] answer is 208 serialized)
+TWO_ENTRIES = 600
+
+
+def _batch_of(c: Clients, model: str, values: list[float]) -> list[Any]:
+    """COUNT of each answer to ``values`` sent 0.1 s apart, so that they form one batch of the model's 1.5 s delay."""
+    answers: list[Any] = [None] * len(values)
+
+    def send(index: int) -> None:
+        answers[index] = c.infer("grpc", model, {"INPUT0": _f32(values[index], 0, 0, 0)})  # thread-safe, unlike HTTP
+
+    threads = [threading.Thread(target=send, args=(index,)) for index in range(len(values))]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    return [_count(answer) for answer in answers]
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_key_stored_meanwhile_and_failed_ensembles_are_no_cache_misses(repository: Path, server: str) -> None:
+    """Triton 2.51's dynamic batcher counts a miss when it inserts the answer, and not when the insert finds the key
+    already stored (ALREADY_EXISTS): a batch of A, B, A is two misses, and the entry of A keeps its place in the LRU
+    order, so the next answer evicts A, not B. Its ensemble scheduler counts a miss for each answer it stores and
+    none for a request that failed."""
+    with clients(server, repository, ["counting_slow_batch", "ens", "plain"], TWO_ENTRIES) as c:
+        assert _batch_of(c, "counting_slow_batch", [1, 2, 1]) == [[[1]], [[2]], [[3]]]  # one batch: all executed
+        stats = c.stats("counting_slow_batch")
+        assert (stats["cache_hit"][0], stats["cache_miss"][0], stats["batch_stats"]) == (0, 2, [(3, 1)])
+        answers = [_count(c.infer(p, "counting_slow_batch", {"INPUT0": _f32(v, 0, 0, 0)}))
+                   for p, v in (("grpc", 3), ("http", 2), ("grpc", 1))]
+        assert answers == [[[4]], [[2]], [[5]]]  # C evicts A (the oldest); B is still there
+        stats = c.stats("counting_slow_batch")
+        assert (stats["cache_hit"][0], stats["cache_miss"][0], stats["execution_count"]) == (1, 4, 3)
+        unlucky = ("in ensemble 'ens', Failed to process the request(s) for model 'plain_0_0', message: "
+                   "TritonModelException: unlucky 13")
+        for protocol in ("http", "grpc"):
+            assert c.infer(protocol, "ens", {"IN": _f32(13, 0, 0, 0)}) == unlucky
+        assert _count(c.infer("grpc", "ens", {"IN": _f32(6, 0, 0, 0)}), "CNT") == [[3]]
+        stats = c.stats("ens")
+        assert (stats["fail"][0], stats["cache_hit"][0], stats["cache_miss"], stats["success"][0]) == (4, 0, (1, True), 1)
+        metrics = c.metrics(lookups=9)
+    labels = '{{model="{}",version="1"}}'
+    assert (metrics[f"nv_cache_num_misses_per_model{labels.format('counting_slow_batch')}"],
+            metrics[f"nv_cache_num_misses_per_model{labels.format('ens')}"]) == (4, 1)
+    assert (metrics["nv_cache_num_misses"], metrics["nv_cache_num_hits"], metrics["nv_cache_num_evictions"]) == (8, 1, 3)
 
 
 # --- a server without a (usable) cache ------------------------------------------------------
