@@ -189,7 +189,7 @@ class GrpcConnection:
             return
         call = Call(self, stream, method, encoding)
         if server.response_compression != "none":
-            call.compress = response_compression(server.response_compression, accepted)
+            call.compress = response_compression(server.response_compression, accepted, path)
         call.context = Context(call, tuple(metadata), deadline)
         stream.call = call
         if method.client_streaming:

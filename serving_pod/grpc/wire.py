@@ -62,11 +62,16 @@ HEADERS_FOR: dict[bytes | None, bytes] = {
 }
 #: gRPC core's ranking, lightest first: a compression level picks from the algorithms the client accepts
 _RANKING = (b"gzip", b"deflate")
+#: the RPCs whose responses ``--grpc-infer-response-compression-level`` compresses: tritonserver sets the level on
+#: its inference handlers only (its ModelMetadata, ModelConfig, RepositoryIndex ... answers go uncompressed)
+COMPRESSED_PATHS = frozenset((b"/inference.GRPCInferenceService/ModelInfer",
+                              b"/inference.GRPCInferenceService/ModelStreamInfer"))
 
 
-def response_compression(level: str, accepted: bytes) -> bytes | None:
-    """The algorithm for ``level`` (none, low, med, high) among those the client's grpc-accept-encoding lists."""
-    if level == "none" or not accepted:
+def response_compression(level: str, accepted: bytes, path: bytes) -> bytes | None:
+    """The algorithm for ``level`` (none, low, med, high) among those the client's grpc-accept-encoding lists, for
+    an RPC on ``path`` (None where its responses are not compressed)."""
+    if level == "none" or not accepted or path not in COMPRESSED_PATHS:
         return None
     tokens = {token.strip() for token in accepted.split(b",")}
     candidates = [algorithm for algorithm in _RANKING if algorithm in tokens]
@@ -82,14 +87,18 @@ WRITE_APART = 64 * 1024
 
 def message_frame(data: bytes, algorithm: bytes | None) -> bytes | tuple[bytes, bytes]:
     """One length-prefixed gRPC message, compressed with ``algorithm`` when given; a large uncompressed one as
-    (prefix, message), for the connection to write side by side (``h2.H2Connection.try_send``) without a copy."""
-    if algorithm is None:
-        if len(data) >= WRITE_APART:
-            return PREFIX_OK + len(data).to_bytes(4, "big"), data
-        return PREFIX_OK + len(data).to_bytes(4, "big") + data
-    packer = zlib.compressobj(wbits=WBITS[algorithm.decode("latin-1")])
-    packed = packer.compress(data) + packer.flush()
-    return b"\x01" + len(packed).to_bytes(4, "big") + packed
+    (prefix, message), for the connection to write side by side (``h2.H2Connection.try_send``) without a copy.
+
+    As gRPC core, a message that compression would not make smaller goes uncompressed (flag 0) even though the
+    stream's grpc-encoding names ``algorithm``: tritonserver's small inference responses arrive so."""
+    if algorithm is not None:
+        packer = zlib.compressobj(wbits=WBITS[algorithm.decode("latin-1")])
+        packed = packer.compress(data) + packer.flush()
+        if len(packed) < len(data):
+            return b"\x01" + len(packed).to_bytes(4, "big") + packed
+    if len(data) >= WRITE_APART:
+        return PREFIX_OK + len(data).to_bytes(4, "big"), data
+    return PREFIX_OK + len(data).to_bytes(4, "big") + data
 
 
 def joined(frame: bytes | tuple[bytes, bytes]) -> bytes:

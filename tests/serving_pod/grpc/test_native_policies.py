@@ -22,17 +22,22 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from serving_pod.cli import build_parser, options_from_args
-from serving_pod.grpc.wire import response_compression
+from serving_pod.grpc.wire import message_frame, response_compression
 from serving_pod.options import GrpcKeepalive
 from support.cli import cli_options
 from support.h2client import RawClient, grpc_frame, infer_request
 from support.server import ServerThread, make_options, test_model_config, write_model
 
 
+INFER = b"/inference.GRPCInferenceService/ModelInfer"
+STREAM = b"/inference.GRPCInferenceService/ModelStreamInfer"
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     path = tmp_path_factory.mktemp("policies")
     write_model(path, "fp32", test_model_config("fp32"))
+    write_model(path, "wide", test_model_config("wide", dims="[ -1 ]"))
     return path
 
 
@@ -168,17 +173,41 @@ def test_strike_limit_zero_means_unlimited(repository):
     ("high", b"", None),
 ])
 def test_compression_level_picks_among_accepted_algorithms(level, accepted, expected):
-    assert response_compression(level, accepted) == expected
+    assert response_compression(level, accepted, INFER) == expected
+    assert response_compression(level, accepted, STREAM) == expected
+
+
+@pytest.mark.parametrize("path", [b"/inference.GRPCInferenceService/ModelMetadata",
+                                  b"/inference.GRPCInferenceService/RepositoryIndex", b"/grpc.health.v1.Health/Check"])
+def test_compression_level_leaves_answers_other_than_inference_uncompressed(path):
+    assert response_compression("high", b"identity,deflate,gzip", path) is None
+
+
+def test_a_message_compression_would_not_shrink_goes_uncompressed():
+    """gRPC core's rule, seen from tritonserver 2.51 at --grpc-infer-response-compression-level=high: its small
+    inference responses come with ``grpc-encoding: deflate`` and the compressed flag 0."""
+    small = infer_request(values=(1.0, 2.0, 3.0, 4.0))
+    assert message_frame(small, b"deflate") == grpc_frame(small)
+    zeros = bytes(4096)
+    packed = message_frame(zeros, b"gzip")
+    assert isinstance(packed, bytes) and packed[0] == 1 and gzip.decompress(packed[5:]) == zeros
 
 
 @pytest.mark.parametrize("level", ["low", "high"])
 def test_compressed_responses_on_the_wire_and_through_tritonclient(repository, level):
     with _connected(repository, grpc_response_compression=level) as (handle, client):
-        reply = client.call(grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))),
-                            extra=((b"grpc-accept-encoding", b"identity,deflate,gzip"),))
+        accept = ((b"grpc-accept-encoding", b"identity,deflate,gzip"),)
+        values = (1.0,) * 1000
+        reply = client.call(grpc_frame(infer_request("wide", values)), extra=accept)
         algorithm = b"gzip" if level == "low" else b"deflate"
         assert reply.status == 0 and reply.headers[b"grpc-encoding"] == algorithm
-        assert _infer_values(reply.data, algorithm) == [1.0, 2.0, 3.0, 4.0]  # fp32 is an identity
+        assert _infer_values(reply.data, algorithm) == list(values)  # an identity model
+        small = client.call(grpc_frame(infer_request(values=(1.0, 2.0, 3.0, 4.0))), extra=accept)
+        assert small.headers[b"grpc-encoding"] == algorithm  # named, but this message is not worth compressing
+        assert _infer_values(small.data, None) == [1.0, 2.0, 3.0, 4.0]
+        metadata = client.call(grpc_frame(pb.ModelMetadataRequest(name="wide").SerializeToString()), extra=accept,
+                               path=b"/inference.GRPCInferenceService/ModelMetadata")
+        assert metadata.status == 0 and b"grpc-encoding" not in metadata.headers and metadata.data[0] == 0
         plain = client.call(grpc_frame(infer_request(values=(1.0, 1.0, 1.0, 1.0))))  # no grpc-accept-encoding sent
         assert b"grpc-encoding" not in plain.headers
         assert _infer_values(plain.data, None) == [1.0, 1.0, 1.0, 1.0]
