@@ -73,12 +73,19 @@ def forward_headers(parameters: dict[str, Any], headers: Iterable[tuple[str, Any
     to ``parameters``.
 
     Names are as the client sent them (HTTP/1.1: ``http.protocol`` keeps them; HTTP/2's are lower case), matched and
-    checked case-sensitively as Triton does; binary values (gRPC ``-bin`` metadata) are not forwarded. A reserved
-    or ``triton_`` name is an ``InvalidArgumentError``.
+    checked case-sensitively as Triton does. A binary value (gRPC ``-bin`` metadata, base64-decoded) is forwarded as
+    its UTF-8 text, name and all, as Triton 2.51 forwards it; one that is not UTF-8 is not forwarded (Triton forwards
+    its bytes, and a python model's ``request.parameters()`` then raises UnicodeDecodeError). A reserved or
+    ``triton_`` name is an ``InvalidArgumentError``.
     """
     for name, value in headers:
-        if not isinstance(value, str) or (pattern is not None and not pattern.search(name)):
+        if pattern is not None and not pattern.search(name):
             continue
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
         if name in RESERVED_PARAMETER_KEYS or name.startswith("triton_"):
             raise InvalidArgumentError(f"Header '{name}' is reserved for Triton usage and cannot be forwarded.")
         parameters[name] = value

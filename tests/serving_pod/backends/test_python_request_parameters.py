@@ -49,6 +49,8 @@ GRPC_CASES = {  # infer() keyword arguments -> what the model sees
     "priority and timeout": ({"priority": 1, "timeout": 100000}, {}),
     "request-level binary_data_size": ({"parameters": {"binary_data_size": 4}}, {"binary_data_size": 4}),
     "forwarded header": ({"headers": {"x-foo": "bar", "other": "no"}}, {"x-foo": "bar"}),
+    "forwarded binary metadata": ({"headers": {"x-text-bin": "h\u00e9llo".encode(), "x-empty-bin": b""}},
+                                  {"x-empty-bin": "", "x-text-bin": "h\u00e9llo"}),  # as its text (Ferry dropped it)
     "custom": ({"parameters": {"custom": "v"}}, {"custom": "v"}),
 }
 
