@@ -125,8 +125,10 @@ class InferenceService(ExtensionsMixin, service_pb2_grpc.GRPCInferenceServiceSer
         self.rpc_log = rpc_log
 
     def _forward(self, request: InferRequest, context: Any) -> None:
-        """``--grpc-header-forward-pattern``: matching metadata becomes request parameters."""
-        forward_headers(request.parameters, context.invocation_metadata() or (), self.header_forward)
+        """``--grpc-header-forward-pattern``: matching metadata becomes request parameters, in the order of their
+        names as tritonserver adds them (grpc++ keeps client metadata in a sorted multimap), not as they came."""
+        metadata = sorted(context.invocation_metadata() or (), key=lambda item: item[0])
+        forward_headers(request.parameters, metadata, self.header_forward)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.engine.is_live())
