@@ -386,12 +386,12 @@ class PythonModelInstance:
             if _lazy_imports:
                 forget_lazy_imports()
         if type(result) is not list:
-            if result is None:
+            if result is None:  # Triton 2.51 waits for ever here; each request is answered by its sender or fails
                 result = [None] * count
-            elif isinstance(result, tuple):
-                result = list(result)
-            else:
-                return self._fail_all(count, f"Expected a list in the execute return, found type '{type(result)}'.")
+            else:  # a tuple too, as Triton's stub
+                return self._fail_all(
+                    count, f"Expected a list in the execute return, found type '{binding_type(result)}'."
+                )
         if len(result) != count:
             return self._fail_all(
                 count,
@@ -410,7 +410,7 @@ class PythonModelInstance:
                 return self._fail_all(
                     count,
                     "Expected an 'InferenceResponse' object in the execute function return list, "
-                    f"found type '{type(response)}'.",
+                    f"found type '{binding_type(response)}'.",
                 )
         to_domain = link.to_domain
         answers: list[InferResponse | errors.ServerError | Future] = []
@@ -425,6 +425,9 @@ class PythonModelInstance:
                     answers.append(later)
                     continue
             if pb_request._result is not None:  # a response sent before one returned wins (Triton)
+                if response is not None and not sender._closed:
+                    answers.append(self._answered_twice())
+                    continue
                 response = pb_request._result
             if response is None:
                 answers.append(errors.InternalError(
@@ -434,6 +437,13 @@ class PythonModelInstance:
             answers.append(to_domain(request, response))
         self._released(pb_requests)
         return answers
+
+    def _answered_twice(self) -> errors.ServerError:
+        """A response sent without the final flag and another returned for the same request: Triton's stub refuses
+        the second (logged) and its front ends fail the request (gRPC: these words; HTTP: a 500)."""
+        _log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
+                   "Non-decoupled model cannot send more than one response.", self._spec.instance_name)
+        return errors.InternalError("expected a single response, got 2")
 
     def _answer_later(self, request: InferRequest, pb_request: pb_utils.InferenceRequest, sender: Any) -> Future | None:
         """A non-decoupled ``execute`` returned None after taking a response sender: the answer comes when the model

@@ -28,7 +28,8 @@ max_batch_size: 0
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 """
-# mode = INPUT0[0]: 0 echo, 1 KeyboardInterrupt, 2 too few responses, 3 a str for a response
+# mode = INPUT0[0]: 0 echo, 1 KeyboardInterrupt, 2 too few responses, 3 a str for a response, 4 a tuple of responses,
+# 5 one response, no list
 MODES_MODEL = """
 import triton_python_backend_utils as pb_utils
 
@@ -43,6 +44,11 @@ class TritonPythonModel:
             return []
         if mode == 3:
             return ["hello" for _ in requests]
+        answers = [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]) for _ in requests]
+        if mode == 4:
+            return tuple(answers)
+        if mode == 5:
+            return answers[0]
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]) for _ in requests]
 """
 
@@ -89,10 +95,13 @@ def test_keyboard_interrupt_in_execute_fails_the_call_and_the_model_serves_on(mo
     (2, "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
         "InferenceRequest(s) size is:2, and InferenceResponse(s) size is:0\n"),
     (3, "Expected an 'InferenceResponse' object in the execute function return list, found type '<class 'str'>'."),
+    (4, "Expected a list in the execute return, found type '<class 'tuple'>'."),
+    (5, "Expected a list in the execute return, found type '<class 'c_python_backend_utils.InferenceResponse'>'."),
 ])
 def test_misuse_found_by_the_backend_is_worded_as_in_triton(modes: Any, mode: int, detail: str) -> None:
     """Triton: ``Failed to process the request(s) for model '<instance>', message: <detail>``, no exception type,
-    for every request of the call."""
+    for every request of the call. A tuple is no list for Triton 2.51's stub (recorded live; Ferry took it), and a
+    type of its own is named as its binding names it."""
     expected = f"Failed to process the request(s) for model 'modes_0_0', message: {detail}"
     assert [getattr(r, "message", r) for r in _call(modes, mode)] == [expected] * 2
 

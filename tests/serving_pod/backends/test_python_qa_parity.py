@@ -118,7 +118,8 @@ def answer(value):
 
 class TritonPythonModel:
     """Non-decoupled, answering through a response sender: MODE 0 sends then closes, 1 sends then also
-    returns a response, 2 sends from a thread after execute returned None."""
+    returns a response, 2 sends from a thread after execute returned None, 3 sends without the final flag and
+    returns a response as well."""
 
     def execute(self, requests):
         returned = []
@@ -133,6 +134,9 @@ class TritonPythonModel:
                 returned.append(None)
                 continue
             sender.send(answer(1))
+            if mode == 3:
+                returned.append(answer(2))
+                continue
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             returned.append(answer(2) if mode == 1 else None)
         return None if returned == [None] * len(requests) else returned
@@ -273,6 +277,16 @@ def _senders(client: Any, module: Any) -> list[Any]:
             for name, mode in (("sender", 0), ("sender", 1), ("sender", 2), ("async_sender", 0))]
 
 
+def _sent_twice(client: Any, module: Any) -> str:
+    """A response sent without the final flag and another returned: the request fails (Triton 2.51's HTTP answer is
+    a 500 whose body is the sent response, which its client cannot read as an error: any exception counts)."""
+    client.load_model("sender")
+    try:
+        return repr(_ask(client, module, "sender", 3))
+    except Exception:  # noqa: BLE001 - which one depends on the protocol and the server, as said above
+        return "failed"
+
+
 def _arguments(client: Any, module: Any) -> list[str]:
     client.load_model("arguments")
     return json.loads(_ask(client, module, "arguments")[0])
@@ -296,6 +310,8 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], Any]] = {
     "imports": (_imports, [[142], [7], [142]]),
     # a sent response wins over a returned one; one sent after execute returned is the answer
     "senders": (_senders, [[1], [1], [3], [4]]),
+    # a response sent without the final flag and another returned: the request fails (Ferry answered the sent one)
+    "sent_twice": (_sent_twice, "failed"),
     "arguments": (_arguments, ARGUMENTS),
     "bls_in_initialize": (lambda client, _: _refused(client, "bls_in_initialize", BLS_REFUSED), [BLS_REFUSED, False]),
     "crash": (lambda client, _: _refused(client, "crash", CRASHED), [CRASHED, False]),
@@ -308,6 +324,24 @@ def test_qa_behaviour_matches_triton(threaded_server: Any, repository: Path, pro
     server = threaded_server([repository], model_control_mode="explicit")
     ask, expected = CASES[case]
     assert ask(server.client(protocol), server.module(protocol)) == expected
+
+
+@pytest.mark.parametrize(("protocol", "status"), [("http", "500"), ("grpc", "StatusCode.INTERNAL")])
+def test_a_response_sent_and_another_returned_fail_the_request(
+    threaded_server: Any, repository: Path, protocol: str, status: str
+) -> None:
+    """Recorded from Triton 2.51: its stub refuses the returned response (non-decoupled, one sent already without
+    the final flag) and gRPC answers INTERNAL 'expected a single response, got 2'; HTTP a 500 (whose body is the
+    sent response there: Ferry words the error as gRPC does). Ferry answered 200 with the sent response."""
+    from tritonclient.utils import InferenceServerException
+
+    server = threaded_server([repository], model_control_mode="explicit")
+    client, module = server.client(protocol), server.module(protocol)
+    client.load_model("sender")
+    with pytest.raises(InferenceServerException) as raised:
+        _ask(client, module, "sender", 3)
+    assert (raised.value.status(), raised.value.message()) == (status, "expected a single response, got 2")
+    assert _ask(client, module, "sender", 0) == [1]
 
 
 def test_isolated_instances_behave_the_same(threaded_server: Any, tmp_path: Path) -> None:
