@@ -229,7 +229,8 @@ def take(name: str, source: Any) -> DeviceTensor | tuple[np.ndarray, str | None]
         keep = (source, capsule)
     else:
         raise DLPackError(
-            "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` and "
+            # sic: Triton's stub continues the literal across a line, indentation included
+            "Provided tensor is not supported. Tensor must be a DLPack capsule         or have `__dlpack__` and "
             "`__dlpack_device__` attributes"
         )
     view = read_capsule(capsule)

@@ -13,11 +13,12 @@ here, which Triton does not do). Errors are ``TritonModelException`` with Triton
 
 from __future__ import annotations
 
+import enum
 import sys
 from typing import Any
 
 from serving_pod.backends.pb_request import current_engine, current_owner, instance_name
-from serving_pod.backends.pb_tensor import TritonModelException
+from serving_pod.backends.pb_tensor import TritonModelException, bind_arguments, incompatible_arguments
 from serving_pod.core.custom_metrics import (
     COUNTER,
     GAUGE,
@@ -85,19 +86,34 @@ class Metric:
             raise _failure("Failed to get metric value", family._owner, exc) from None
 
 
-class MetricFamily:
-    """``MetricFamily(name, description, kind)`` with kind ``COUNTER``, ``GAUGE`` or ``HISTOGRAM``."""
+class _MetricKind(enum.IntEnum):
+    """``pb_utils.MetricFamily.COUNTER`` / ``GAUGE`` / ``HISTOGRAM``: Triton's pybind11 enum ``MetricKind``; a member
+    compares and hashes as its number, and only a member is a kind (a bare number is pybind11's ``TypeError``)."""
 
     COUNTER = COUNTER
     GAUGE = GAUGE
     HISTOGRAM = HISTOGRAM
 
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        if not isinstance(name, str) or not isinstance(description, str) or kind not in (0, 1, 2):
-            raise TypeError(
-                "__init__(): incompatible constructor arguments. The following argument types are "
-                "supported:\n    1. MetricFamily(name: str, description: str, kind: MetricKind)"
-            )
+    def __str__(self) -> str:
+        return f"MetricKind.{self.name}"
+
+
+_MetricKind.__name__ = "MetricKind"  # its repr: <MetricKind.COUNTER: 0> (__qualname__ kept for pickle)
+_FAMILY_SIGNATURE = ("c_python_backend_utils.MetricFamily(name: str, description: str, "
+                     "kind: c_python_backend_utils.MetricKind)")
+
+
+class MetricFamily:
+    """``MetricFamily(name, description, kind)`` with kind ``COUNTER``, ``GAUGE`` or ``HISTOGRAM``."""
+
+    COUNTER = _MetricKind.COUNTER
+    GAUGE = _MetricKind.GAUGE
+    HISTOGRAM = _MetricKind.HISTOGRAM
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name, description, kind = bind_arguments(("name", "description", "kind"), (), args, kwargs, _FAMILY_SIGNATURE)
+        if not isinstance(name, str) or not isinstance(description, str) or type(kind) is not _MetricKind:
+            raise incompatible_arguments(_FAMILY_SIGNATURE, args, kwargs)
         frame = sys._getframe(1)
         self._store: Any = None
         self._owner = current_owner(frame)

@@ -235,7 +235,7 @@ class InferenceResponseSender:
 # --------------------------------------------------------------------------- requests
 
 
-class _Trace:
+class InferenceTrace:
     def get_context(self) -> None:
         return None
 
@@ -343,8 +343,8 @@ class InferenceRequest:
             return self._parameters_text
         return python_bridge.parameters_json(self._domain.parameters, self._domain.custom_reserved)
 
-    def trace(self) -> _Trace:
-        return _Trace()
+    def trace(self) -> InferenceTrace:
+        return InferenceTrace()
 
     def requested_output_names(self) -> set[str]:
         """A ``set``, as Triton's binding returns (its ``std::set``): a model cannot index it or rely on an order."""

@@ -253,6 +253,7 @@ def _check_name(name: Any) -> None:
 
 
 _TENSOR_SIGNATURE = "c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+_FROM_DLPACK_SIGNATURE = "(self: str, arg0: object) -> c_python_backend_utils.Tensor"
 
 
 class Tensor:
@@ -378,9 +379,13 @@ class Tensor:
         return (1, 0)
 
     @staticmethod
-    def from_dlpack(name: str, dlpack_object: Any) -> "Tensor":
-        """Triton's ``from_dlpack``: a capsule or an object with ``__dlpack__`` and ``__dlpack_device__``, in
-        CPU, pinned host or (with cuda-python) CUDA memory. Host memory numpy can import is not copied."""
+    def from_dlpack(*args: Any, **kwargs: Any) -> "Tensor":
+        """Triton's ``from_dlpack(name, dlpack_object)``: a capsule or an object with ``__dlpack__`` and
+        ``__dlpack_device__``, in CPU, pinned host or (with cuda-python) CUDA memory. Host memory numpy can import
+        is not copied. Other arguments than a str name and one object are pybind11's ``TypeError``, as in Triton."""
+        if kwargs or len(args) != 2 or not isinstance(args[0], str):
+            raise incompatible_arguments(_FROM_DLPACK_SIGNATURE, args, kwargs, "from_dlpack")
+        name, dlpack_object = args
         _check_name(name)
         from serving_pod.backends import pb_dlpack
 

@@ -18,6 +18,7 @@ Unlike Triton, nothing here crosses a process boundary: a request wraps the engi
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any
 
@@ -76,28 +77,39 @@ _log = logging.getLogger("serving_pod.python_model")
 # --------------------------------------------------------------------------- logging
 
 
-class Logger:
-    """``pb_utils.Logger.log_info(msg)`` etc.; goes to the server's python logging."""
+class _LogLevel(enum.IntEnum):
+    """``pb_utils.Logger.LogLevel``: Triton's pybind11 enum; a member compares and hashes as its number, and only a
+    member is a level (``Logger.log("x", 0)`` is pybind11's ``TypeError``, as in Triton 2.51)."""
 
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
 
-    class LogLevel:
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
+    def __str__(self) -> str:
+        return f"LogLevel.{self.name}"
+
+
+_LogLevel.__name__ = "LogLevel"  # its repr: <LogLevel.INFO: 0> (__qualname__ kept for pickle)
+_LOG_SIGNATURE = "(message: str, level: c_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+
+
+class Logger:
+    """``pb_utils.Logger.log_info(msg)`` etc.; goes to the server's python logging."""
+
+    LogLevel = _LogLevel
+    INFO = _LogLevel.INFO
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
 
     _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        if not isinstance(message, str) or not isinstance(level, int) or isinstance(level, bool):
-            raise _incompatible("log", "(message: str, level: c_python_backend_utils.LogLevel = ...) -> None",
-                                message, level)
-        _log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message, stacklevel=2)
+    def log(message: str, level: _LogLevel = _LogLevel.INFO) -> None:
+        if not isinstance(message, str) or type(level) is not _LogLevel:
+            raise _incompatible("log", _LOG_SIGNATURE, message, level)
+        _log.log(Logger._LEVELS[level], "%s", message, stacklevel=2)
 
     @staticmethod
     def log_info(message: str) -> None:

@@ -8,7 +8,10 @@ code: pybind11's ``TypeError``), ``InferenceResponse`` refuses anything but a se
 does (checked against Triton's own ``triton_python_backend_utils.py``, which is pure Python), and
 ``TRITONSERVER_MEMORY_CPU`` / ``_GPU`` are members of Triton's ``MemoryType`` enum numbered CPU 1 and GPU 0 (Ferry had
 bare numbers the other way round, CPU 0 and GPU 1), which ``PreferredMemory`` alone takes (a bare number is pybind11's
-``TypeError``, as is a ``preferred_memory`` that is no ``PreferredMemory``). Triton's answers are
+``TypeError``, as is a ``preferred_memory`` that is no ``PreferredMemory``). Likewise ``Logger.INFO``... are members of
+``Logger.LogLevel`` and ``MetricFamily.COUNTER``... of ``MetricKind`` (Ferry: bare numbers, which ``Logger.log`` and
+``MetricFamily`` took), ``Tensor.from_dlpack`` refuses other arguments as pybind11 does and words an unusable object
+with the spaces of Triton's message, and ``request.trace()`` is an ``InferenceTrace``. Triton's answers are
 recorded (``EXPECTED``, ``TRITONS_EDITS``): Ferry runs against them by default, Triton under ``-m slow``.
 """
 
@@ -53,6 +56,19 @@ CALLS = [
     '[n for n in dir(pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU)) if not n.startswith("_")]',
     'type(pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], '
     'preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))).__name__',
+    '(str(pb_utils.Logger.INFO), repr(pb_utils.Logger.WARNING), int(pb_utils.Logger.ERROR), '
+    'type(pb_utils.Logger.INFO).__name__, pb_utils.Logger.INFO == 0, pb_utils.Logger.LogLevel.WARNING is '
+    'pb_utils.Logger.WARNING)',
+    'pb_utils.Logger.log("x", 0)',
+    'pb_utils.Logger.log("x", level=pb_utils.Logger.WARNING)',
+    '(str(pb_utils.MetricFamily.COUNTER), repr(pb_utils.MetricFamily.HISTOGRAM), int(pb_utils.MetricFamily.GAUGE), '
+    'type(pb_utils.MetricFamily.COUNTER).__name__, {0: "c"}.get(pb_utils.MetricFamily.COUNTER))',
+    'pb_utils.MetricFamily("k_z", "x", 0)',
+    'pb_utils.MetricFamily(1, "x", pb_utils.MetricFamily.COUNTER)',
+    'pb_utils.Tensor.from_dlpack("A", object())',
+    'pb_utils.Tensor.from_dlpack("A")',
+    'pb_utils.Tensor.from_dlpack(1, np.zeros(1))',
+    'type(r.trace()).__name__',
 ]
 
 MODEL = '''
@@ -94,6 +110,14 @@ def _refused(signature: str, given: str) -> str:
             f"\n    1. c_python_backend_utils.{signature}\n\nInvoked with: {given}")
 
 
+def _function_refused(function: str, signature: str, given: str) -> str:
+    return ("TypeError: " + function + "(): incompatible function arguments. The following argument types are "
+            f"supported:\n    1. {signature}\n\nInvoked with: {given}")
+
+
+_LOG = "(message: str, level: c_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+_FAMILY = "MetricFamily(name: str, description: str, kind: c_python_backend_utils.MetricKind)"
+_FROM_DLPACK = "(self: str, arg0: object) -> c_python_backend_utils.Tensor"
 _ERROR = ("TritonError(message: str, code: c_python_backend_utils.TritonError.__ErrorCode = "
           "<__ErrorCode.INTERNAL: 1>)")
 _RESPONSE = ("InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], "
@@ -129,6 +153,17 @@ EXPECTED = [
     _refused(_MEMORY, "<MemoryType.TRITONSERVER_MEMORY_CPU: 1>, '0'"),
     "list:[]",
     "str:'InferenceRequest'",
+    "tuple:('LogLevel.INFO', '<LogLevel.WARNING: 1>', 2, 'LogLevel', True, True)",
+    _function_refused("log", _LOG, "'x', 0"),
+    "NoneType:None",
+    "tuple:('MetricKind.COUNTER', '<MetricKind.HISTOGRAM: 2>', 1, 'MetricKind', 'c')",
+    _refused(_FAMILY, "'k_z', 'x', 0"),
+    _refused(_FAMILY, "1, 'x', <MetricKind.COUNTER: 0>"),
+    "TritonModelException: Provided tensor is not supported. Tensor must be a DLPack capsule         or have "
+    "`__dlpack__` and `__dlpack_device__` attributes",  # sic: Triton's spaces
+    _function_refused("from_dlpack", _FROM_DLPACK, "'A'"),
+    _function_refused("from_dlpack", _FROM_DLPACK, "1, array([0.])"),
+    "str:'InferenceTrace'",
 ]
 
 

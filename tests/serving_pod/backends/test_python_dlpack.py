@@ -202,7 +202,8 @@ def test_exported_capsules_release_what_they_hold() -> None:
 
 def test_dlpack_objects_a_model_cannot_use_each_get_a_message() -> None:
     cases = [
-        (object(), "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__`"),
+        (object(), "Provided tensor is not supported. Tensor must be a DLPack capsule         or have "  # sic
+         "`__dlpack__`"),
         (type("M", (), {"__dlpack__": lambda self, stream=None: None, "__dlpack_device__": lambda self: (8, 0)})(),
          "DLDevice type 8 is not support by Python backend."),
         (pb_dlpack.export(0, (2,), "FP32", 13, 0, None), "DLDevice type 13 is not support by Python backend."),
