@@ -185,11 +185,14 @@ def config_path(model_dir: Path, config_name: str = "") -> Path:
     return model_dir / "config.pbtxt"
 
 
-def load_config(model_dir: Path, model_name: str, config_name: str = "") -> mc.ModelConfig:
-    """Read the model's configuration file (``config_path``; an empty config when absent: auto-complete fills it)."""
+def load_config(model_dir: Path, model_name: str, config_name: str = "", autocomplete: bool = True) -> mc.ModelConfig:
+    """Read the model's configuration file (``config_path``; an empty config when absent: auto-complete fills it;
+    without auto-complete Triton's poll refuses a model that has none, in its words)."""
     path = config_path(model_dir, config_name)
     shown = path.relative_to(model_dir)
     if not path.exists():
+        if not autocomplete:
+            raise PollRefused(f"failed to open text file for read {path}: No such file or directory")
         config = mc.ModelConfig()
     else:
         try:

@@ -63,7 +63,7 @@ def prepare_config(
             )
         config.name = name
     else:
-        config = load_config(model_dir, name, config_name)
+        config = load_config(model_dir, name, config_name, autocomplete)
     backend_name = resolve_backend(config, model_dir)
     versions = select_versions(config, model_dir)
     ensemble = backend_name == "ensemble"

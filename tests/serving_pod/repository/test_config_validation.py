@@ -217,3 +217,51 @@ ensemble_scheduling { step [ { model_name: "step" model_version: -1
     config, _, _ = prepare_config("ens", model_dir)
     assert config.version_policy.latest.num_versions == 1
     assert not config.HasField("optimization") and config.default_model_filename == ""
+
+
+_NO_CONFIG_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([7], np.int32))]) for _ in requests]
+'''
+
+#: Triton 2.51's answer to loading a model without config.pbtxt under --disable-auto-complete-config (recorded live,
+#: HTTP 500 and gRPC INTERNAL); Ferry adds the reason Triton logs: "failed to open text file for read <path>/config.pbtxt:
+#: No such file or directory"
+_TRITON_NO_CONFIG = "failed to load 'noconfig', failed to poll from model repository"
+
+
+def _no_config(root):
+    model_dir = root / "noconfig"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(_NO_CONFIG_PY)
+    return model_dir
+
+
+def test_without_auto_complete_a_model_needs_its_config_file(tmp_path):
+    """Triton 2.51 reads config.pbtxt without auto-complete and refuses the poll when there is none; Ferry loaded an
+    empty config (python models then served)."""
+    model_dir = _no_config(tmp_path)
+    assert prepare_config("noconfig", model_dir)[1] == "python"
+    with pytest.raises(ModelLoadError) as info:
+        prepare_config("noconfig", model_dir, autocomplete=False)
+    reason = f"failed to open text file for read {model_dir}/config.pbtxt: No such file or directory"
+    assert info.value.message == reason
+
+
+@pytest.mark.parametrize(("protocol", "status"), [("http", "500"), ("grpc", "StatusCode.INTERNAL")])
+def test_without_auto_complete_loading_a_model_without_config_fails_the_poll(
+    threaded_server, tmp_path, protocol, status
+):
+    from tritonclient.utils import InferenceServerException
+
+    model_dir = _no_config(tmp_path)
+    server = threaded_server([tmp_path], model_control_mode="explicit", autocomplete=False)
+    with pytest.raises(InferenceServerException) as info:
+        server.client(protocol).load_model("noconfig")
+    reason = f"failed to open text file for read {model_dir}/config.pbtxt: No such file or directory"
+    assert (info.value.status(), info.value.message()) == (status, f"{_TRITON_NO_CONFIG}: {reason}")
