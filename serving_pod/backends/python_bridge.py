@@ -100,7 +100,9 @@ class ResponseLink:
         self.model_version = model_version
         self.decoupled = decoupled
         self.output_names = tuple(name for name, _ in output_types)
-        self._all: frozenset[str] | None = frozenset(self.output_names) or None
+        #: what a request that names no outputs gets: the config's outputs, none where it has none (Triton core
+        #: asks for the config's outputs; the stub drops any other a model returns)
+        self._all: frozenset[str] = frozenset(self.output_names)
         self._declared = {name: (wire, WIRE_TO_NUMPY.get(wire)) for name, wire in output_types}
 
     def _datatype(self, tensor: pb_utils.Tensor, array: np.ndarray) -> str:

@@ -291,3 +291,32 @@ def test_tritons_bls_caller_reads_internal_for_every_code(tmp_path: Path) -> Non
     write_model(tmp_path, "bls_code", BLS_CODE_CONFIG, {"1/model.py": BLS_CODE_MODEL})
     with running_triton(tmp_path, ["code", "bls_code"]) as (http, _, _):
         assert _bls_codes(f"127.0.0.1:{http}") == TRITON_BLS_CODES
+
+
+_UNDECLARED = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([7], np.int32))]) for _ in requests]
+'''
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_config_without_outputs_answers_none_of_the_models_outputs(threaded_server: Any, tmp_path: Path,
+                                                                     protocol: str) -> None:
+    """Triton 2.51 (recorded live, HTTP and gRPC): a request naming no outputs asks for the config's, so a python model
+    whose config declares none answers no output (HTTP ``"outputs": []``), whatever it returns; Ferry passed every
+    output the model returned. Naming one is refused ('unexpected inference output')."""
+    from tritonclient.utils import InferenceServerException
+
+    write_model(tmp_path, "nooutputs", 'name: "nooutputs"\nbackend: "python"\nmax_batch_size: 0\n',
+                {"1/model.py": _UNDECLARED})
+    server = threaded_server([tmp_path])
+    client, module = server.client(protocol), server.module(protocol)
+    result = client.infer("nooutputs", [])
+    assert result.as_numpy("OUT") is None
+    with pytest.raises(InferenceServerException, match="unexpected inference output 'OUT' for model 'nooutputs'"):
+        client.infer("nooutputs", [], outputs=[module.InferRequestedOutput("OUT")])
