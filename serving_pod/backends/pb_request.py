@@ -164,6 +164,10 @@ class InferenceResponse:
         return json.dumps(self._parameters or {})
 
 
+_SEND_SIGNATURE = ("(self: c_python_backend_utils.InferenceResponseSender, response: "
+                   "c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> None")
+
+
 class InferenceResponseSender:
     """What ``request.get_response_sender()`` returns: ``send(response=None, flags=0)``."""
 
@@ -179,16 +183,14 @@ class InferenceResponseSender:
         #: non-decoupled: called once the answer is delivered (``when_answered``)
         self._waiter: Callable[[], None] | None = None
 
-    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        """``send(response=None, flags=0)``."""
+        response, flags = self._bound(args, kwargs)
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         if flags == 0 and response is None:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
-            )
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException(
-                f"Unable to send response. Expected an 'InferenceResponse', found type '{type(response).__name__}'."
             )
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         link = self._request._link
@@ -217,6 +219,20 @@ class InferenceResponseSender:
                 waiter, self._waiter = self._waiter, None
             if waiter is not None:
                 waiter()
+
+    def _bound(self, args: tuple, kwargs: dict) -> tuple[InferenceResponse | None, int]:
+        """``send``'s arguments as Triton's binding takes them: anything but an ``InferenceResponse`` (or None) and an
+        int is pybind11's ``TypeError`` (Ferry raised TritonModelException for a response of another type)."""
+        try:
+            response, flags = bind_arguments(("response", "flags"), (None, 0), args, kwargs, _SEND_SIGNATURE)
+        except TypeError:
+            response = flags = None
+        if not (response is None or isinstance(response, InferenceResponse)) or not isinstance(flags, int):
+            raise incompatible_arguments(_SEND_SIGNATURE, (self, *args), kwargs, "send")
+        return response, flags
+
+    def __repr__(self) -> str:
+        return f"<c_python_backend_utils.InferenceResponseSender object at {id(self):#x}>"
 
     def when_answered(self, callback: Callable[[], None]) -> bool:
         """Non-decoupled, after ``execute`` returned None for this request: call ``callback`` (on the sending

@@ -69,15 +69,27 @@ CALLS = [
     'pb_utils.Tensor.from_dlpack("A")',
     'pb_utils.Tensor.from_dlpack(1, np.zeros(1))',
     'type(r.trace()).__name__',
+    'refusal(r.get_response_sender().send, "x")',
+    'refusal(r.get_response_sender().send, flags="1")',
 ]
 
 MODEL = '''
 import json
+import re
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 CALLS = %r
+
+
+def refusal(call, *args, **kwargs):
+    """What ``call(*args, **kwargs)`` raises, object addresses left out."""
+    try:
+        call(*args, **kwargs)
+    except Exception as exc:
+        return re.sub(" at 0x[0-9a-f]+", "", "%%s: %%s" %% (type(exc).__name__, exc))
+    return "accepted"
 
 
 class TritonPythonModel:
@@ -118,6 +130,8 @@ def _function_refused(function: str, signature: str, given: str) -> str:
 _LOG = "(message: str, level: c_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
 _FAMILY = "MetricFamily(name: str, description: str, kind: c_python_backend_utils.MetricKind)"
 _FROM_DLPACK = "(self: str, arg0: object) -> c_python_backend_utils.Tensor"
+_SEND = ("(self: c_python_backend_utils.InferenceResponseSender, response: c_python_backend_utils.InferenceResponse = "
+         "None, flags: int = 0) -> None")
 _ERROR = ("TritonError(message: str, code: c_python_backend_utils.TritonError.__ErrorCode = "
           "<__ErrorCode.INTERNAL: 1>)")
 _RESPONSE = ("InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], "
@@ -164,6 +178,9 @@ EXPECTED = [
     _function_refused("from_dlpack", _FROM_DLPACK, "'A'"),
     _function_refused("from_dlpack", _FROM_DLPACK, "1, array([0.])"),
     "str:'InferenceTrace'",
+    "str:" + repr(_function_refused("send", _SEND, "<c_python_backend_utils.InferenceResponseSender object>, 'x'")),
+    "str:" + repr(_function_refused("send", _SEND, "<c_python_backend_utils.InferenceResponseSender object>; "
+                                                   "kwargs: flags='1'")),
 ]
 
 
