@@ -142,9 +142,11 @@ class PythonBackend:
         from google.protobuf import json_format
         from tritonclient.grpc import model_config_pb2
 
+        from serving_pod.repository.config import as_triton_reads_json
+
         completed = model_config_pb2.ModelConfig()
         try:
-            json_format.ParseDict(edited, completed)
+            json_format.ParseDict(as_triton_reads_json(edited), completed)
         except json_format.ParseError as exc:  # Triton: "model configuration is not provided", which misleads
             raise VersionLoadError(
                 f"auto_complete_config of python model '{label}' produced an invalid config: {exc}"

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving_pod.core.load_errors import PollRefused
@@ -58,6 +58,46 @@ def parse_config_json(text: str, model_name: str) -> mc.ModelConfig:
     except (json_format.ParseError, ValueError) as exc:
         raise PollRefused(f"failed to parse config override of model '{model_name}': {exc}") from None
     return config
+
+
+_TRUE_WORDS = ("true", "t", "yes", "y", "1")
+_FALSE_WORDS = ("false", "f", "no", "n", "0")
+
+
+def as_triton_reads_json(value: dict, descriptor: Descriptor = mc.ModelConfig.DESCRIPTOR) -> dict:
+    """A config dict with what Triton core's JSON reader (protobuf's C++ ``JsonStringToMessage``) takes and
+    Python's ``json_format`` refuses made plain: a single value for a repeated field (``"dims": 3``), a bool
+    written as a word (``"optional": "yes"``, its ``safe_strtob``: true/t/yes/y/1, false/f/no/n/0, any case) and an
+    enum name in any case (``"type_fp32"``). Anything else is left for ``json_format`` to take or refuse."""
+    out = dict(value)
+    for key, item in value.items():
+        field = descriptor.fields_by_name.get(key) or _by_json_name(descriptor, key)
+        if field is None or item is None:  # null: the field's default, as json_format reads it
+            continue
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            if isinstance(item, dict):
+                out[key] = {k: _as_read(entry.fields_by_name["value"], v) for k, v in item.items()}
+        elif field.is_repeated:
+            out[key] = [_as_read(field, v) for v in (item if isinstance(item, list) else [item])]
+        else:
+            out[key] = _as_read(field, item)
+    return out
+
+
+def _by_json_name(descriptor: Descriptor, key: str) -> FieldDescriptor | None:
+    return next((f for f in descriptor.fields if f.json_name == key), None)
+
+
+def _as_read(field: FieldDescriptor, item: object) -> object:
+    if field.type == FieldDescriptor.TYPE_MESSAGE and isinstance(item, dict):
+        return as_triton_reads_json(item, field.message_type)
+    if field.type == FieldDescriptor.TYPE_BOOL and isinstance(item, str):
+        word = item.lower()
+        return True if word in _TRUE_WORDS else False if word in _FALSE_WORDS else item
+    if field.type == FieldDescriptor.TYPE_ENUM and isinstance(item, str):
+        return next((v.name for v in field.enum_type.values if v.name.lower() == item.lower()), item)
+    return item
 
 
 def _json_value(text: str) -> object:

@@ -13,6 +13,9 @@ differences found and fixed:
   Ferry kept every edit (a model could rename itself).
 * ``auto_complete_config`` returning something other than the ``ModelConfig`` fails the version as Triton words it
   (``version 1 is at UNAVAILABLE state: Internal: ...``); Ferry answered the bare sentence.
+* the returned config is read as Triton core reads it, with protobuf's C++ JSON reader: a single value for a
+  repeated field (``"dims": 4``), a bool as a word (``"optional": "Yes"``: true/t/yes/y/1, false/f/no/n/0, any
+  case) and an enum name in any case (``"type_fp32"``); Ferry's Python ``json_format`` refused them.
 
 Kept different on purpose (Ferry's clearer behaviour, asserted on Ferry only):
 
@@ -73,6 +76,11 @@ MODELS: dict[str, tuple[str | None, str]] = {
     "type_conflict": ('backend: "python"\ninput [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n',
                       IO + "        return c"),
     "name_error": (None, IO + "        undefined_variable\n        return c"),
+    # what protobuf's C++ JSON reader takes (Triton core reads the returned config with it): a dims number, a bool
+    # word, an enum name in lower case
+    "lenient": (None, '''        c.add_input({"name": "INPUT0", "data_type": "type_fp32", "dims": 4, "optional": "Yes"})
+        c.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        return c'''),
 }
 #: Ferry only (see the module docstring): model -> (config.pbtxt or None, body, the load error it gets)
 FERRY_ONLY: dict[str, tuple[str | None, str, str]] = {
@@ -146,6 +154,7 @@ def _summary(config: dict[str, Any]) -> dict[str, Any]:
         "model_transaction_policy": config.get("model_transaction_policy"),
         "max_queue_delay_microseconds": config.get("dynamic_batching", {}).get("max_queue_delay_microseconds"),
         "io": [(t["name"], t["data_type"], t["dims"]) for t in config["input"] + config["output"]],
+        "optional": [t.get("optional", False) for t in config["input"]],
     }
 
 
@@ -203,6 +212,7 @@ def test_auto_complete_as_triton_answers(ferry: Any, repository: tuple[Path, Pat
     for name, expected in SERVED.items():
         assert {key: found[name][key] for key in expected} == expected, name
     assert found["seen"]["io"] == found["edits"]["io"] == [("INPUT0", "TYPE_FP32", [4]), ("OUTPUT0", "TYPE_FP32", [4])]
+    assert (found["lenient"]["io"], found["lenient"]["optional"]) == (found["edits"]["io"], [True])
     for name, message in REFUSED.items():
         assert found[name] == message
 

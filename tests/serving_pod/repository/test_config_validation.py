@@ -265,3 +265,22 @@ def test_without_auto_complete_loading_a_model_without_config_fails_the_poll(
         server.client(protocol).load_model("noconfig")
     reason = f"failed to open text file for read {model_dir}/config.pbtxt: No such file or directory"
     assert (info.value.status(), info.value.message()) == (status, f"{_TRITON_NO_CONFIG}: {reason}")
+
+
+def test_json_values_read_as_tritons_protobuf_reads_them():
+    """Triton core reads a JSON config (a python model's auto-completed one) with protobuf's C++ reader, which takes
+    a single value for a repeated field, bool words (its safe_strtob) and enum names in any case (recorded live through
+    ``auto_complete_config``: ``"optional": "yes"/"TRUE"/"no"``, ``"dims": 3``, ``"type_fp32"``; ``"optional": 1`` or
+    ``"maybe"`` are refused); what it refuses is left for ``json_format`` to refuse."""
+    from serving_pod.repository.config import as_triton_reads_json
+
+    read = as_triton_reads_json({
+        "input": [{"name": "I", "data_type": "type_fp32", "dims": 3, "optional": "No"}, {"optional": "maybe"}],
+        "dynamic_batching": {"preferred_batch_size": 4, "preserve_ordering": "y"},
+        "parameters": {"k": {"string_value": "v"}}, "maxBatchSize": 2, "bogus": "t",
+    })
+    assert read == {
+        "input": [{"name": "I", "data_type": "TYPE_FP32", "dims": [3], "optional": False}, {"optional": "maybe"}],
+        "dynamic_batching": {"preferred_batch_size": [4], "preserve_ordering": True},
+        "parameters": {"k": {"string_value": "v"}}, "maxBatchSize": 2, "bogus": "t",
+    }
