@@ -18,7 +18,7 @@ from typing import Any
 
 from serving_pod.options import GRPC_MAX_MESSAGE_SIZE, GrpcKeepalive, TlsOptions
 from serving_pod.security import GRPC_HEADER_PREFIX, parse_restrictions
-from serving_pod.trace import cli_level, parse_trace_config
+from serving_pod.trace_config import cli_level, parse_trace_config
 
 
 def parse_bool(value: str) -> bool:

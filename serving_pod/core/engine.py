@@ -35,7 +35,8 @@ from serving_pod.repository.instance_groups import MIN_COMPUTE_CAPABILITY
 from serving_pod.repository.repository import ModelRepository, open_root
 from serving_pod.logging_settings import LogSettings
 from serving_pod.shm import SharedMemoryManager
-from serving_pod.trace import TraceConfig, Tracer
+from serving_pod.trace import Tracer
+from serving_pod.trace_config import TraceConfig
 
 log = logging.getLogger("ferry.engine")
 

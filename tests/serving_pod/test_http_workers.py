@@ -239,7 +239,8 @@ def test_bridge_writes_a_worker_traced_request_once_both_sides_are_done(tmp_path
 
     from serving_pod.core.types import InferRequest, Tensor
     from serving_pod.http import workers
-    from serving_pod.trace import Tracer, parse_trace_config
+    from serving_pod.trace import Tracer
+    from serving_pod.trace_config import parse_trace_config
 
     path = tmp_path / "trace.json"
     tracer = Tracer(parse_trace_config([f"triton,file={path}", "level=TIMESTAMPS", "rate=1"]))

@@ -13,7 +13,8 @@ from support.server import test_model_config, write_model
 from tritonclient.utils import InferenceServerException
 
 from serving_pod.logging_settings import LogSettings
-from serving_pod.trace import TraceConfig, Tracer, parse_trace_config
+from serving_pod.trace import Tracer
+from serving_pod.trace_config import TraceConfig, parse_trace_config
 
 PROTOCOLS = ["http", "grpc"]
 

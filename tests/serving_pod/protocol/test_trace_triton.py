@@ -44,7 +44,8 @@ from support.server import (
 from support.triton import triton_args, triton_or_skip, triton_repositories
 
 from serving_pod.core.errors import InvalidArgumentError
-from serving_pod.trace import TraceConfig, Tracer, parse_trace_config
+from serving_pod.trace import Tracer
+from serving_pod.trace_config import TraceConfig, parse_trace_config
 
 ADD_SUB = (ADD_SUB_CONFIG, ADD_SUB_MODEL)
 
