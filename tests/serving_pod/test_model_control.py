@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from support.server import ensemble_config, test_model_config, write_model
+from support.server import ensemble_config, test_model_config, wait_for, write_model
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -211,15 +211,6 @@ def _touch(path) -> None:
     os.utime(path, ns=(now, now))
 
 
-def _wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 def test_poll_mode_picks_up_new_version_and_survives_a_broken_edit(threaded_server, tmp_path):
     model_dir = write_model(tmp_path, "polled", test_model_config(
         "polled", extra="version_policy { latest { num_versions: 1 } }"))
@@ -228,7 +219,7 @@ def test_poll_mode_picks_up_new_version_and_survives_a_broken_edit(threaded_serv
     assert client.get_model_metadata("polled")["versions"] == ["1"]
 
     (model_dir / "2").mkdir()
-    _wait_for(lambda: client.get_model_metadata("polled")["versions"] == ["2"])
+    wait_for(lambda: client.get_model_metadata("polled")["versions"] == ["2"])
     assert _infer(server, "http", "polled", np.ones((1, 4), np.float32)).get_response()["model_version"] == "2"
 
     # a broken edit: the serving version stays
@@ -239,11 +230,11 @@ def test_poll_mode_picks_up_new_version_and_survives_a_broken_edit(threaded_serv
 
     # a new model appears, then a model disappears
     write_model(tmp_path, "newcomer", test_model_config("newcomer"))
-    _wait_for(lambda: client.is_model_ready("newcomer"))
+    wait_for(lambda: client.is_model_ready("newcomer"))
     import shutil
 
     shutil.rmtree(tmp_path / "newcomer")
-    _wait_for(lambda: not client.is_model_ready("newcomer"))
+    wait_for(lambda: not client.is_model_ready("newcomer"))
 
 
 def test_version_policies(threaded_server, tmp_path):

@@ -18,6 +18,26 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "serving_pod" / "backends" / "data"
 
+#: a python model answering each request with its ``request.parameters()`` JSON (PARAMS, one BYTES element)
+PARAMS_CONFIG = """
+name: "params"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+PARAMS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PARAMS", np.array([r.parameters().encode()], np.object_))])
+                for r in requests]
+'''
+
 #: ``add_sub`` as the side-by-side modules serve it to Ferry and Triton: INT32[4] x2 -> sum and difference
 ADD_SUB_CONFIG = """
 name: "add_sub"

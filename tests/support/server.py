@@ -250,6 +250,16 @@ def wait_ready(port: int, process: subprocess.Popen, timeout: float = 60.0) -> N
     raise AssertionError("server did not become ready")
 
 
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll ``predicate`` every 50 ms until it holds; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
 def kill_process_group(process: subprocess.Popen) -> None:
     """Kill ``process`` (started with ``start_new_session=True``) and everything in its process group: NVIDIA
     Triton's python backend stubs outlive a killed tritonserver, a Ferry server's HTTP workers their server."""

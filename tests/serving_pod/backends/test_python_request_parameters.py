@@ -17,26 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
+from support.python_models import PARAMS_CONFIG, PARAMS_MODEL
 from support.server import ServerThread, make_options, write_model
-
-CONFIG = """
-name: "params"
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
-
-MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("PARAMS", np.array([r.parameters().encode()], np.object_))])
-                for r in requests]
-'''
 
 HTTP_CASES = {  # request parameters -> what the model sees (the x-foo header is forwarded every time)
     "binary_data_output": ({"binary_data_output": False}, {"x-foo": "bar"}),
@@ -87,7 +69,7 @@ EXPECTED = ({name: seen for name, (_, seen) in HTTP_CASES.items()},
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("request_parameters")
-    write_model(path, "params", CONFIG, {"1/model.py": MODEL})
+    write_model(path, "params", PARAMS_CONFIG, {"1/model.py": PARAMS_MODEL})
     return path
 
 

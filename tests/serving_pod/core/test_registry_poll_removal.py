@@ -17,8 +17,6 @@ models, HTTP and gRPC):
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +24,12 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from support.server import test_model_config, write_model
+from support.server import test_model_config, wait_for, write_model
 
 PROTOCOLS = ["http", "grpc"]
 #: the status each protocol gives Triton's "has no available versions" and "is not at ready state"
 NOT_FOUND = {"http": "404", "grpc": "StatusCode.NOT_FOUND"}
 NOT_READY = {"http": "503", "grpc": "StatusCode.UNAVAILABLE"}
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _rows(handle: Any, protocol: str, name: str) -> list[dict[str, str]]:
@@ -77,7 +66,7 @@ def test_a_removed_model_leaves_the_index_and_loads_again_when_put_back(
     assert _rows(server, protocol, "gone") == [{"name": "gone", "version": "1", "state": "READY"}]
 
     shutil.rmtree(repository / "gone")
-    _wait_for(lambda: not _rows(server, protocol, "gone"))
+    wait_for(lambda: not _rows(server, protocol, "gone"))
     assert not client.is_model_ready("gone") and client.is_server_ready() and client.is_model_ready("stays")
     assert _infer(server, protocol, "gone") == (
         NOT_FOUND[protocol], "Request for unknown model: 'gone' has no available versions")
@@ -85,7 +74,7 @@ def test_a_removed_model_leaves_the_index_and_loads_again_when_put_back(
         NOT_READY[protocol], "Request for unknown model: 'gone' version 1 is not at ready state")
 
     shutil.copytree(tmp_path / "saved", repository / "gone")  # its files keep the times they had when loaded
-    _wait_for(lambda: client.is_model_ready("gone"))
+    wait_for(lambda: client.is_model_ready("gone"))
     assert _rows(server, protocol, "gone") == [{"name": "gone", "version": "1", "state": "READY"}]
     assert _infer(server, protocol, "gone") == (None, "1")
 
@@ -99,7 +88,7 @@ def test_a_removed_version_is_not_at_ready_state(threaded_server: Any, tmp_path:
     client = server.client(protocol)
 
     shutil.rmtree(repository / "multi" / "2")
-    _wait_for(lambda: not client.is_model_ready("multi", "2"))
+    wait_for(lambda: not client.is_model_ready("multi", "2"))
     assert _rows(server, protocol, "multi") == [
         {"name": "multi", "version": "1", "state": "READY"},
         {"name": "multi", "version": "2", "state": "UNAVAILABLE", "reason": "unloaded"}]
@@ -108,5 +97,5 @@ def test_a_removed_version_is_not_at_ready_state(threaded_server: Any, tmp_path:
     assert _infer(server, protocol, "multi") == (None, "1")
 
     shutil.copytree(tmp_path / "saved", repository / "multi" / "2")
-    _wait_for(lambda: client.is_model_ready("multi", "2"))
+    wait_for(lambda: client.is_model_ready("multi", "2"))
     assert _infer(server, protocol, "multi", "2") == (None, "2")

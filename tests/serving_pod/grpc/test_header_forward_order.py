@@ -15,26 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from support.python_models import PARAMS_CONFIG, PARAMS_MODEL
 from support.server import ServerThread, make_options, write_model
-
-CONFIG = """
-name: "params"
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
-
-MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("PARAMS", np.array([r.parameters().encode()], np.object_))])
-                for r in requests]
-'''
 
 #: sent in this order; the model sees the request's own parameter, then the forwarded ones by name
 HEADERS = {"my-zeta": "z", "other": "x", "my-bin-bin": b"\x01", "my-alpha": "a", "my-mid": "m"}
@@ -44,7 +26,7 @@ SEEN = ["custom", "my-alpha", "my-bin-bin", "my-mid", "my-zeta"]
 @pytest.fixture(scope="module")
 def grpc_url(tmp_path_factory: pytest.TempPathFactory):
     repository = tmp_path_factory.mktemp("forward_order")
-    write_model(repository, "params", CONFIG, {"1/model.py": MODEL})
+    write_model(repository, "params", PARAMS_CONFIG, {"1/model.py": PARAMS_MODEL})
     thread = ServerThread(make_options([repository], model_control_mode="explicit", load_models=("params",),
                                        grpc_header_forward="my-.*"))
     handle = thread.start()
