@@ -234,9 +234,19 @@ class H2Connection(asyncio.Protocol):
             finally:
                 payload = None  # the last slice: the buffer cannot be resized while a view of it lives
                 view.release()
-            del buffer[:position]
+            self._consumed(buffer, position)
         except ConnectionError_ as error:
             self.close(error.code, str(error))
+
+    def _consumed(self, buffer: bytearray, position: int) -> None:
+        """Drop the first ``position`` bytes read. A view of a DATA payload the layer above still holds forbids
+        resizing the buffer (BufferError, seen once in a while under perf_analyzer gRPC load: something kept a
+        handled payload's frames alive past this call); the rest then moves to a new buffer and the old one stays,
+        unchanged, with whoever holds the view, instead of the connection failing with its calls."""
+        try:
+            del buffer[:position]
+        except BufferError:
+            self._buffer = buffer[position:]  # a copy; the old buffer keeps its bytes for the views on it
 
     # -- receiving ---------------------------------------------------------------------------------------
 
