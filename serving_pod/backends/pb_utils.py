@@ -51,6 +51,7 @@ from serving_pod.backends.pb_tensor import (
     get_input_tensor_by_name,
     get_output_config_by_name,
     get_output_tensor_by_name,
+    incompatible_arguments as _incompatible_arguments,
     numpy_to_triton_type,
     serialize_byte_tensor,
     triton_string_to_numpy,
@@ -108,7 +109,7 @@ class Logger:
     @staticmethod
     def log(message: str, level: _LogLevel = _LogLevel.INFO) -> None:
         if not isinstance(message, str) or type(level) is not _LogLevel:
-            raise _incompatible("log", _LOG_SIGNATURE, message, level)
+            raise _incompatible_arguments(_LOG_SIGNATURE, (message, level), {}, "log")
         _log.log(Logger._LEVELS[level], "%s", message, stacklevel=2)
 
     @staticmethod
@@ -131,12 +132,5 @@ class Logger:
 def _text(function: str, message: Any) -> str:
     """``message`` when it is a str; pybind11's refusal of the Logger call otherwise (Triton's binding)."""
     if not isinstance(message, str):
-        raise _incompatible(function, "(message: str) -> None", message)
+        raise _incompatible_arguments("(message: str) -> None", (message,), {}, function)
     return message
-
-
-def _incompatible(function: str, signature: str, *given: Any) -> TypeError:
-    """pybind11's refusal of a Logger call whose message is not a str (Triton's binding)."""
-    return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:\n"
-                     f"    1. {signature}\n\nInvoked with: {', '.join(map(repr, given))}")
-
