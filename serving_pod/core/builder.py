@@ -62,6 +62,8 @@ class BuiltInstances:
     kept: dict[int, int] = field(default_factory=dict)
     #: the warmup executions of the created instances, charged to the version's statistics (as Triton counts them)
     warmups: list[WarmupRun] = field(default_factory=list)
+    #: indices of the instances of ``passive: true`` groups (``instance_groups.passive_indices``): never scheduled
+    passive: frozenset[int] = frozenset()
 
     def created(self) -> list[Any]:
         """The instances this load created (a failed load finalizes these, never the ones it would keep)."""
@@ -207,8 +209,8 @@ class VersionBuilder:
             )
             made.instances.append(backend.create_instance(context))
             made.names.append(instance_name)
-        passive = instance_groups.passive_indices(config)  # Triton warms up only the instances it schedules
-        fresh = [index for index in range(len(made.instances)) if index not in made.kept and index not in passive]
+        made.passive = instance_groups.passive_indices(config)  # Triton warms up only the instances it schedules
+        fresh = [index for index in range(len(made.instances)) if index not in made.kept and index not in made.passive]
         made.warmups = warm_up(config, model_dir, str(version), [made.instances[i] for i in fresh])
 
     def assemble(
@@ -233,7 +235,7 @@ class VersionBuilder:
             adopted = {index: previous.worker(kept) for index, kept in pools.kept.items()} if previous else {}
             pool = InstancePool(pools.instances, pools.names, stats, model.batch_size_of, execution_mode=mode or "auto",
                                 signatures=pools.signatures, adopted=adopted,
-                                passive=instance_groups.passive_indices(config))
+                                passive=pools.passive)
         model.pool = pool
         if pool is not None:
             for run in pools.warmups:

@@ -169,5 +169,6 @@ def passive_indices(config: mc.ModelConfig) -> frozenset[int]:
     """Positions in ``placements`` of the instances of ``passive: true`` groups: loaded, never warmed up nor
     scheduled. Where every instance is passive, none is (Ferry's choice: Triton 2.51 crashes on the first request
     to such a model, recorded live, and its python backend serves nothing)."""
-    passive = frozenset(index for index, (_, _, _, group) in enumerate(placements(config)) if group.passive)
-    return frozenset() if len(passive) == sum(1 for _ in placements(config)) else passive
+    placed = placements(config)
+    passive = frozenset(index for index, (_, _, _, group) in enumerate(placed) if group.passive)
+    return frozenset() if len(passive) == len(placed) else passive
